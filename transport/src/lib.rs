@@ -1,0 +1,1 @@
+//! capwire-transport.
