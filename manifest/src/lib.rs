@@ -1,1 +1,67 @@
-//! capwire-manifest.
+//! Capability declarations, the registry and the manifest of a capwire node.
+//!
+//! One declaration per verb gives the manifest peers see, the chokepoint's
+//! classification and the dispatch route:
+//!
+//! ```text
+//!   verb! / VerbSpec ──► Capability ──► RegistryBuilder::build ──► Registry<H>
+//!                                        (checks invariants)         │
+//!                       Manifest ◄── Registry::manifest ◄────────────┤
+//!            chokepoint (capwire-authz) ◄── Registry::lookup ◄───────┘
+//! ```
+//!
+//! ```
+//! use capwire_envelope::NodeId;
+//! use capwire_manifest::{
+//!     Capability, CapRequirement, MonitoringHandlers, MonitoringStatus, NodeInfo, Registry,
+//!     VerbDef, Version, verb,
+//! };
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+//! pub struct SayArgs { pub text: String }
+//!
+//! verb! {
+//!     /// Echoes `text` back to any contact.
+//!     pub struct Say: request "app.echo" / "say", Bootstrap, SayArgs => String;
+//! }
+//!
+//! // `H` is whatever the runtime stores as a handler; here, a name.
+//! let registry = Registry::builder(
+//!     NodeInfo::new(NodeId::from_bytes([7; 32]), "echo-app"),
+//!     MonitoringHandlers { bind: "bind", disable: "disable" },
+//! )
+//! .capability(Capability::new("app.echo", Version::new(1, 2, 0)).verb::<Say>("say"))
+//! .build()?;
+//!
+//! let route = registry.lookup(Say::CAP, Say::VERB).expect("declared");
+//! assert_eq!(route.info().verb().as_str(), "say");
+//! assert!(registry.lookup("app.echo", "Say").is_none()); // exact bytes only
+//!
+//! let manifest = registry.manifest(MonitoringStatus::Off, 1);
+//! assert!(manifest.capability("core.monitoring").is_some()); // always present
+//! let wanted: CapRequirement = "app.echo@^1.2".parse()?;
+//! assert_eq!(manifest.require(&wanted)?.version, Version::new(1, 2, 0));
+//! # Ok::<(), capwire_manifest::ManifestError>(())
+//! ```
+
+mod class;
+mod error;
+mod manifest;
+mod monitoring;
+mod registry;
+mod requirement;
+mod spec;
+mod verb;
+
+pub use class::{AuthClass, DeclaredClass, VerbKind};
+pub use error::ManifestError;
+pub use manifest::{CapabilityManifest, Manifest, ManifestTracker, MonitoringStatus, VerbManifest};
+pub use monitoring::{BindArgs, CORE_MONITORING, MonitoringBind, MonitoringDisable, NoArgs};
+pub use registry::{
+    MAX_APP_ID_LEN, MAX_DESCRIPTION_LEN, MAX_NAME_LEN, MAX_PARAMS_LEN, MAX_SCHEMA_LEN,
+    MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo,
+};
+pub use requirement::CapRequirement;
+pub use semver::{Version, VersionReq};
+pub use spec::{Capability, VerbSpec};
+pub use verb::{VerbDef, cap_id_is_well_formed, verb_is_well_formed};

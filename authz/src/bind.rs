@@ -1,0 +1,378 @@
+//! The bind ceremony of `core.monitoring` and the binding it produces.
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use capwire_envelope::NodeId;
+use capwire_manifest::MonitoringStatus;
+use rand_core::{CryptoRng, RngCore};
+use serde::{Deserialize, Serialize};
+use subtle::{Choice, ConstantTimeEq};
+use zeroize::{Zeroize, ZeroizeOnDrop};
+
+use crate::binding::Binding;
+use crate::error::AuthzError;
+
+/// How long a pending bind lasts.
+pub const BIND_TTL: Duration = Duration::from_secs(300);
+/// Wrong codes allowed per pending bind; the last one clears it.
+pub const BIND_MAX_ATTEMPTS: u8 = 3;
+/// Characters in a bind code.
+pub const BIND_CODE_LEN: usize = 10;
+/// The 32 characters a bind code is made of: digits and capital letters
+/// without `0`, `1`, `I` and `O`, which people confuse.
+pub const BIND_CODE_ALPHABET: &str = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ";
+
+/// A bind code: [`BIND_CODE_LEN`] characters of [`BIND_CODE_ALPHABET`],
+/// 5 bits each, 50 bits of entropy in all. With [`BIND_MAX_ATTEMPTS`]
+/// guesses per code, a guesser wins with probability 3 / 2^50.
+///
+/// Zeroized on drop; `Debug` does not show it.
+#[derive(Clone, Zeroize, ZeroizeOnDrop)]
+pub struct BindCode([u8; BIND_CODE_LEN]);
+
+impl BindCode {
+    /// A fresh code from a cryptographic RNG.
+    ///
+    /// # Errors
+    /// [`AuthzError::RngFailed`] when the RNG fails; there is no fallback.
+    pub fn generate<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<Self, AuthzError> {
+        let mut raw = [0u8; BIND_CODE_LEN];
+        rng.try_fill_bytes(&mut raw)
+            .map_err(|_| AuthzError::RngFailed)?;
+        let alphabet = BIND_CODE_ALPHABET.as_bytes();
+        let mut code = [0u8; BIND_CODE_LEN];
+        for (c, r) in code.iter_mut().zip(raw.iter()) {
+            // 32 divides 256, so the low five bits are uniform.
+            *c = alphabet[usize::from(r & 0x1f)];
+        }
+        raw.zeroize();
+        Ok(Self(code))
+    }
+
+    /// A fresh code from the operating system's RNG.
+    ///
+    /// # Errors
+    /// [`AuthzError::RngFailed`] when the operating system's RNG fails.
+    pub fn random() -> Result<Self, AuthzError> {
+        Self::generate(&mut rand_core::OsRng)
+    }
+
+    /// A code in the bind-code format, e.g. typed in by a person.
+    ///
+    /// # Errors
+    /// [`AuthzError::MalformedCode`] when it is not [`BIND_CODE_LEN`]
+    /// characters of [`BIND_CODE_ALPHABET`].
+    pub fn parse(s: &str) -> Result<Self, AuthzError> {
+        let bytes = s.as_bytes();
+        if bytes.len() != BIND_CODE_LEN
+            || !bytes.iter().all(|b| BIND_CODE_ALPHABET.as_bytes().contains(b))
+        {
+            return Err(AuthzError::MalformedCode);
+        }
+        let mut code = [0u8; BIND_CODE_LEN];
+        code.copy_from_slice(bytes);
+        Ok(Self(code))
+    }
+
+    /// The code's text, for printing the invite.
+    pub fn expose(&self) -> &str {
+        // Only alphabet bytes (ASCII) are ever stored.
+        std::str::from_utf8(&self.0).unwrap_or("")
+    }
+
+    /// Compares with a candidate in constant time for any candidate of the
+    /// right length; the length itself is public (the format is fixed).
+    fn matches(&self, candidate: &str) -> Choice {
+        let bytes = candidate.as_bytes();
+        let mut buf = [0u8; BIND_CODE_LEN];
+        for (i, slot) in buf.iter_mut().enumerate() {
+            *slot = bytes.get(i).copied().unwrap_or(0);
+        }
+        let same = self.0.ct_eq(&buf) & Choice::from(u8::from(bytes.len() == BIND_CODE_LEN));
+        buf.zeroize();
+        same
+    }
+}
+
+impl fmt::Debug for BindCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BindCode(<redacted>)")
+    }
+}
+
+/// Why a bind attempt failed; the detail of the wire error `bind_failed`.
+///
+/// Serialised as a map tagged by `reason`, e.g.
+/// `{"reason": "wrong_code", "attempts_left": 2}` or
+/// `{"reason": "expired"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum BindFailure {
+    /// No bind is pending.
+    #[error("no bind is pending")]
+    NoPending,
+    /// The pending bind expired; it is now cleared.
+    #[error("the pending bind expired")]
+    Expired,
+    /// The pending bind expects another control plane; no attempt used.
+    #[error("the pending bind expects another control plane")]
+    WrongSender,
+    /// Wrong code; one attempt used.
+    #[error("wrong code, {attempts_left} attempt(s) left")]
+    WrongCode {
+        /// Attempts left before the pending bind is cleared.
+        attempts_left: u8,
+    },
+    /// Wrong code on the last attempt; the pending bind is now cleared.
+    #[error("wrong code too many times; the pending bind is cleared")]
+    TooManyAttempts,
+}
+
+impl BindFailure {
+    /// The wire error code of every bind failure: `"bind_failed"`.
+    pub const CODE: &'static str = "bind_failed";
+
+    /// The `reason` text: `no_pending`, `expired`, `wrong_sender`,
+    /// `wrong_code` or `too_many_attempts`.
+    pub const fn reason(&self) -> &'static str {
+        match self {
+            Self::NoPending => "no_pending",
+            Self::Expired => "expired",
+            Self::WrongSender => "wrong_sender",
+            Self::WrongCode { .. } => "wrong_code",
+            Self::TooManyAttempts => "too_many_attempts",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct PendingBind {
+    code: BindCode,
+    expected: Option<NodeId>,
+    expires_at: Instant,
+    attempts_used: u8,
+}
+
+/// What is known about the pending bind, without its code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingInfo {
+    /// The control plane it is reserved for, if any.
+    pub expected: Option<NodeId>,
+    /// When it expires.
+    pub expires_at: Instant,
+    /// Wrong codes still allowed.
+    pub attempts_left: u8,
+}
+
+/// The binding and the pending bind, as pure state: every method takes the
+/// current time as an argument and does no I/O.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use capwire_authz::{BindCode, BindFailure, BindingState};
+/// use capwire_envelope::NodeId;
+///
+/// let control_plane = NodeId::from_bytes([9; 32]);
+/// let now = Instant::now();
+/// let mut state = BindingState::new();
+/// let code = BindCode::parse("ABCDE23456").unwrap();
+/// state.create_pending(code, Some(control_plane), now);
+///
+/// let wrong = state.try_bind(&control_plane, "ZZZZZZZZZZ", now);
+/// assert_eq!(wrong, Err(BindFailure::WrongCode { attempts_left: 2 }));
+///
+/// let binding = state.try_bind(&control_plane, "ABCDE23456", now + Duration::from_secs(5))?;
+/// assert_eq!(binding.controller(), Some(&control_plane));
+/// assert_eq!(binding.epoch(), 1);
+/// # Ok::<(), BindFailure>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct BindingState {
+    binding: Binding,
+    pending: Option<PendingBind>,
+}
+
+impl BindingState {
+    /// Unbound, nothing pending, epoch 0.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A state restored from storage: bound to `controller` (if any),
+    /// nothing pending, epoch 0.
+    pub fn restore(controller: Option<NodeId>) -> Self {
+        Self {
+            binding: Binding::new(controller, 0),
+            pending: None,
+        }
+    }
+
+    /// The current binding.
+    pub fn binding(&self) -> Binding {
+        self.binding
+    }
+
+    /// Makes (or replaces) the pending bind: `code`, optionally reserved
+    /// for one control plane, expiring [`BIND_TTL`] after `now`, with
+    /// [`BIND_MAX_ATTEMPTS`] attempts.
+    pub fn create_pending(&mut self, code: BindCode, expected: Option<NodeId>, now: Instant) {
+        self.pending = Some(PendingBind {
+            code,
+            expected,
+            // An unrepresentable expiry means "already expired": fail closed.
+            expires_at: now.checked_add(BIND_TTL).unwrap_or(now),
+            attempts_used: 0,
+        });
+    }
+
+    /// Drops the pending bind; `true` if there was one.
+    pub fn cancel_pending(&mut self) -> bool {
+        self.pending.take().is_some()
+    }
+
+    /// The pending bind, if any and not expired at `now`.
+    pub fn pending(&self, now: Instant) -> Option<PendingInfo> {
+        self.pending
+            .as_ref()
+            .filter(|p| now < p.expires_at)
+            .map(|p| PendingInfo {
+                expected: p.expected,
+                expires_at: p.expires_at,
+                attempts_left: BIND_MAX_ATTEMPTS.saturating_sub(p.attempts_used),
+            })
+    }
+
+    /// `on` when bound, else `pending` when a bind is pending at `now`,
+    /// else `off`.
+    pub fn status(&self, now: Instant) -> MonitoringStatus {
+        if self.binding.is_bound() {
+            MonitoringStatus::On
+        } else if self.pending(now).is_some() {
+            MonitoringStatus::Pending
+        } else {
+            MonitoringStatus::Off
+        }
+    }
+
+    /// One bind attempt by `sender` with `code`, checked in this order:
+    /// no pending bind → `NoPending`; expired → cleared, `Expired`; a
+    /// reserved bind and another sender → `WrongSender` (no attempt used);
+    /// wrong code → one attempt used, `WrongCode` with the attempts left, or
+    /// `TooManyAttempts` and cleared at the last one. On success the
+    /// sender is bound, the binding epoch bumped and the pending bind
+    /// cleared.
+    ///
+    /// # Errors
+    /// The [`BindFailure`] reason.
+    pub fn try_bind(
+        &mut self,
+        sender: &NodeId,
+        code: &str,
+        now: Instant,
+    ) -> Result<Binding, BindFailure> {
+        let Some(pending) = self.pending.as_mut() else {
+            return Err(BindFailure::NoPending);
+        };
+        if now >= pending.expires_at {
+            self.pending = None;
+            return Err(BindFailure::Expired);
+        }
+        if pending.expected.is_some_and(|expected| expected != *sender) {
+            return Err(BindFailure::WrongSender);
+        }
+        if !bool::from(pending.code.matches(code)) {
+            pending.attempts_used = pending.attempts_used.saturating_add(1);
+            if pending.attempts_used >= BIND_MAX_ATTEMPTS {
+                self.pending = None;
+                return Err(BindFailure::TooManyAttempts);
+            }
+            return Err(BindFailure::WrongCode {
+                attempts_left: BIND_MAX_ATTEMPTS - pending.attempts_used,
+            });
+        }
+        self.pending = None;
+        self.binding = self.binding.bumped(Some(*sender));
+        Ok(self.binding)
+    }
+
+    /// Unbinds (`core.monitoring/disable`): clears the binding and bumps the
+    /// epoch. Returns the control plane that was bound; when none was,
+    /// nothing changes.
+    pub fn unbind(&mut self) -> Option<NodeId> {
+        let previous = self.binding.controller().copied();
+        if previous.is_some() {
+            self.binding = self.binding.bumped(None);
+        }
+        previous
+    }
+}
+
+/// A [`BindingState`] shared between threads: every operation takes the
+/// lock for its own duration only and never blocks on anything else, so
+/// two concurrent binds are serialised and exactly one can win.
+#[derive(Debug, Default)]
+pub struct SharedBinding {
+    state: Mutex<BindingState>,
+}
+
+impl SharedBinding {
+    /// Shares `state`.
+    pub fn new(state: BindingState) -> Self {
+        Self {
+            state: Mutex::new(state),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BindingState> {
+        // The state is updated in place by code that does not panic, so a
+        // poisoned lock still holds a consistent state.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current binding, for [`decide`](crate::decide) and for
+    /// [`Permit::recheck`](crate::Permit::recheck).
+    pub fn snapshot(&self) -> Binding {
+        self.lock().binding()
+    }
+
+    /// See [`BindingState::create_pending`].
+    pub fn create_pending(&self, code: BindCode, expected: Option<NodeId>, now: Instant) {
+        self.lock().create_pending(code, expected, now);
+    }
+
+    /// See [`BindingState::cancel_pending`].
+    pub fn cancel_pending(&self) -> bool {
+        self.lock().cancel_pending()
+    }
+
+    /// See [`BindingState::try_bind`].
+    ///
+    /// # Errors
+    /// The [`BindFailure`] reason.
+    pub fn try_bind(&self, sender: &NodeId, code: &str, now: Instant) -> Result<Binding, BindFailure> {
+        self.lock().try_bind(sender, code, now)
+    }
+
+    /// See [`BindingState::unbind`].
+    pub fn unbind(&self) -> Option<NodeId> {
+        self.lock().unbind()
+    }
+
+    /// See [`BindingState::pending`].
+    pub fn pending(&self, now: Instant) -> Option<PendingInfo> {
+        self.lock().pending(now)
+    }
+
+    /// See [`BindingState::status`].
+    pub fn status(&self, now: Instant) -> MonitoringStatus {
+        self.lock().status(now)
+    }
+
+    /// Runs `f` on the state under the lock, e.g. to persist the binding in
+    /// the same critical section as a change. `f` must not block.
+    pub fn with<R>(&self, f: impl FnOnce(&mut BindingState) -> R) -> R {
+        f(&mut self.lock())
+    }
+}

@@ -1,0 +1,377 @@
+//! The one decision function and the permit it grants.
+
+use std::fmt;
+use std::sync::Arc;
+
+use capwire_envelope::NodeId;
+use capwire_manifest::{AuthClass, DeclaredClass, Registry, Route, VerbInfo};
+
+use crate::binding::Binding;
+use crate::gate::Gate;
+
+/// Why a (cap, verb) pair is not in the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unlisted {
+    /// No capability has this exact id.
+    UnknownCapability,
+    /// The capability exists but has no verb of this exact name.
+    UnknownVerb,
+}
+
+impl Unlisted {
+    /// A stable label for counters and traces.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownCapability => "unknown_capability",
+            Self::UnknownVerb => "unknown_verb",
+        }
+    }
+}
+
+impl fmt::Display for Unlisted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::UnknownCapability => "no capability with this exact id",
+            Self::UnknownVerb => "the capability has no verb with this exact name",
+        })
+    }
+}
+
+/// Why a controller verb was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Unauthorized {
+    /// No authorizer is installed (fail closed).
+    AuthorizerUnset,
+    /// No control plane is bound.
+    NotBound,
+    /// The sender is not the bound control plane.
+    NotController,
+    /// The authorizer said no.
+    AuthorizerRefused,
+    /// The authorizer returned an error.
+    AuthorizerFailed(Box<str>),
+    /// The authorizer panicked.
+    AuthorizerPanicked,
+    /// The binding changed between the decision and the execution.
+    BindingChanged,
+}
+
+impl Unauthorized {
+    /// A stable label for counters and traces.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::AuthorizerUnset => "authorizer_unset",
+            Self::NotBound => "not_bound",
+            Self::NotController => "not_controller",
+            Self::AuthorizerRefused => "authorizer_refused",
+            Self::AuthorizerFailed(_) => "authorizer_failed",
+            Self::AuthorizerPanicked => "authorizer_panicked",
+            Self::BindingChanged => "binding_changed",
+        }
+    }
+}
+
+impl fmt::Display for Unauthorized {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::AuthorizerUnset => f.write_str("no authorizer is installed"),
+            Self::NotBound => f.write_str("no control plane is bound"),
+            Self::NotController => f.write_str("the sender is not the bound control plane"),
+            Self::AuthorizerRefused => f.write_str("the authorizer refused"),
+            Self::AuthorizerFailed(e) => write!(f, "the authorizer failed: {e}"),
+            Self::AuthorizerPanicked => f.write_str("the authorizer panicked"),
+            Self::BindingChanged => f.write_str("the binding changed before the verb ran"),
+        }
+    }
+}
+
+/// Why the chokepoint denied an envelope.
+///
+/// Each reason maps to one wire error code ([`DenyReason::code_str`]); its
+/// `Display` explains the decision (for logs, never containing the
+/// attacker's strings).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum DenyReason {
+    /// Classified `deny`: not declared under these exact bytes.
+    /// Wire code `unknown_verb`.
+    #[error("unknown verb: {why}")]
+    UnknownVerb {
+        /// What is missing.
+        why: Unlisted,
+    },
+    /// A controller verb the sender may not call. Wire code `unauthorized`.
+    #[error("unauthorized: {why}")]
+    Unauthorized {
+        /// Why.
+        why: Unauthorized,
+    },
+}
+
+impl DenyReason {
+    /// The wire error code: `"unknown_verb"` or `"unauthorized"`.
+    pub fn code_str(&self) -> &'static str {
+        match self {
+            Self::UnknownVerb { .. } => "unknown_verb",
+            Self::Unauthorized { .. } => "unauthorized",
+        }
+    }
+
+    /// A stable, finer label for counters and traces, e.g. `"not_bound"`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::UnknownVerb { why } => why.as_str(),
+            Self::Unauthorized { why } => why.as_str(),
+        }
+    }
+}
+
+/// The chokepoint's answer for one envelope.
+#[must_use = "a decision must be acted on: run the handler only with its permit"]
+pub enum Decision<'r, H> {
+    /// The handler may run, with this permit.
+    Allowed(Permit<'r, H>),
+    /// No handler runs.
+    Denied(DenyReason),
+}
+
+impl<'r, H> Decision<'r, H> {
+    /// `true` when allowed.
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, Self::Allowed(_))
+    }
+
+    /// The permit, or the reason.
+    ///
+    /// # Errors
+    /// The [`DenyReason`] when denied.
+    pub fn into_result(self) -> Result<Permit<'r, H>, DenyReason> {
+        match self {
+            Self::Allowed(p) => Ok(p),
+            Self::Denied(r) => Err(r),
+        }
+    }
+}
+
+impl<H> fmt::Debug for Decision<'_, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Allowed(p) => f.debug_tuple("Allowed").field(p).finish(),
+            Self::Denied(r) => f.debug_tuple("Denied").field(r).finish(),
+        }
+    }
+}
+
+/// Permission to run one route's handler, granted by [`decide`] and by
+/// nothing else: it has no public constructor.
+///
+/// It records the sender and the binding epoch it was granted under;
+/// [`recheck`](Permit::recheck) it against the current binding right before
+/// the handler runs, so that a bind or unbind takes effect for envelopes
+/// already queued.
+#[must_use = "a permit is the only way to reach a handler"]
+pub struct Permit<'r, H> {
+    route: &'r Route<H>,
+    sender: NodeId,
+    epoch: u64,
+}
+
+impl<'r, H> Permit<'r, H> {
+    /// The handler to run.
+    pub fn handler(&self) -> &'r H {
+        self.route.dangerous_handler()
+    }
+
+    /// The verb's metadata (cap, verb, kind, class, schemas).
+    pub fn info(&self) -> &'r Arc<VerbInfo> {
+        self.route.info()
+    }
+
+    /// The authenticated sender the permit was granted to.
+    pub fn sender(&self) -> &NodeId {
+        &self.sender
+    }
+
+    /// The verb's class.
+    pub fn class(&self) -> DeclaredClass {
+        self.route.info().class()
+    }
+
+    /// The binding epoch the permit was granted under.
+    pub fn binding_epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Checks the permit against the binding at execution time.
+    ///
+    /// # Errors
+    /// [`Unauthorized::BindingChanged`] for a controller verb when the
+    /// binding epoch differs from the one the permit was granted under, or
+    /// the sender is no longer the bound control plane. Bootstrap permits
+    /// always hold.
+    pub fn recheck(&self, binding: &Binding) -> Result<(), DenyReason> {
+        recheck(self.class(), &self.sender, self.epoch, binding)
+    }
+
+    /// `true` when [`recheck`](Permit::recheck) passes.
+    pub fn still_valid(&self, binding: &Binding) -> bool {
+        self.recheck(binding).is_ok()
+    }
+
+    /// An owned permit that can move into a task, holding a clone of the
+    /// handler (e.g. an `Arc`).
+    pub fn into_owned(self) -> OwnedPermit<H>
+    where
+        H: Clone,
+    {
+        OwnedPermit {
+            info: Arc::clone(self.route.info()),
+            handler: self.route.dangerous_handler().clone(),
+            sender: self.sender,
+            epoch: self.epoch,
+        }
+    }
+}
+
+impl<H> fmt::Debug for Permit<'_, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("cap", self.info().cap())
+            .field("verb", self.info().verb())
+            .field("class", &self.class())
+            .field("sender", &self.sender)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+/// A [`Permit`] that owns its handler and metadata; made only by
+/// [`Permit::into_owned`].
+#[must_use = "a permit is the only way to reach a handler"]
+pub struct OwnedPermit<H> {
+    info: Arc<VerbInfo>,
+    handler: H,
+    sender: NodeId,
+    epoch: u64,
+}
+
+impl<H> OwnedPermit<H> {
+    /// The handler to run.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// The verb's metadata.
+    pub fn info(&self) -> &Arc<VerbInfo> {
+        &self.info
+    }
+
+    /// The authenticated sender the permit was granted to.
+    pub fn sender(&self) -> &NodeId {
+        &self.sender
+    }
+
+    /// The verb's class.
+    pub fn class(&self) -> DeclaredClass {
+        self.info.class()
+    }
+
+    /// The binding epoch the permit was granted under.
+    pub fn binding_epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// See [`Permit::recheck`].
+    ///
+    /// # Errors
+    /// As [`Permit::recheck`].
+    pub fn recheck(&self, binding: &Binding) -> Result<(), DenyReason> {
+        recheck(self.class(), &self.sender, self.epoch, binding)
+    }
+
+    /// `true` when [`recheck`](OwnedPermit::recheck) passes.
+    pub fn still_valid(&self, binding: &Binding) -> bool {
+        self.recheck(binding).is_ok()
+    }
+}
+
+impl<H> fmt::Debug for OwnedPermit<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedPermit")
+            .field("cap", self.info.cap())
+            .field("verb", self.info.verb())
+            .field("class", &self.class())
+            .field("sender", &self.sender)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+fn recheck(
+    class: DeclaredClass,
+    sender: &NodeId,
+    epoch: u64,
+    binding: &Binding,
+) -> Result<(), DenyReason> {
+    match class {
+        DeclaredClass::Bootstrap => Ok(()),
+        DeclaredClass::Controller if binding.epoch() == epoch && binding.is_controller(sender) => {
+            Ok(())
+        }
+        DeclaredClass::Controller => Err(DenyReason::Unauthorized {
+            why: Unauthorized::BindingChanged,
+        }),
+    }
+}
+
+/// Classifies `cap`/`verb` as the registry declares it.
+///
+/// Total: any strings, including empty ones, NUL bytes, other case,
+/// surrounding spaces, confusable letters and path-like names, are matched
+/// as exact bytes, and whatever is not declared is [`AuthClass::Deny`].
+/// Never panics; does not allocate.
+pub fn control_auth_class<H>(registry: &Registry<H>, cap: &str, verb: &str) -> AuthClass {
+    registry
+        .lookup(cap, verb)
+        .map_or(AuthClass::Deny, |route| route.info().class().into())
+}
+
+/// The chokepoint: decides whether `sender` may have `cap`/`verb` run.
+///
+/// 1. classify ([`control_auth_class`]): `deny` → [`DenyReason::UnknownVerb`];
+/// 2. `bootstrap` → allowed;
+/// 3. `controller` → the [`Gate`] must confirm that `sender` is the bound
+///    control plane of `binding` and that its authorizer agrees; an unset,
+///    failing or panicking authorizer denies → [`DenyReason::Unauthorized`].
+///
+/// Pure: reads its arguments only. `sender` must be the channel's
+/// authenticated static key, never a field of the envelope. Never panics;
+/// allocates only when an authorizer returns an error.
+pub fn decide<'r, H>(
+    registry: &'r Registry<H>,
+    gate: &Gate,
+    binding: &Binding,
+    sender: &NodeId,
+    cap: &str,
+    verb: &str,
+) -> Decision<'r, H> {
+    let Some(route) = registry.lookup(cap, verb) else {
+        let why = if registry.has_capability(cap) {
+            Unlisted::UnknownVerb
+        } else {
+            Unlisted::UnknownCapability
+        };
+        return Decision::Denied(DenyReason::UnknownVerb { why });
+    };
+    if route.info().class() == DeclaredClass::Controller
+        && let Err(why) = gate.check(sender, cap, verb, binding)
+    {
+        return Decision::Denied(DenyReason::Unauthorized { why });
+    }
+    Decision::Allowed(Permit {
+        route,
+        sender: *sender,
+        epoch: binding.epoch(),
+    })
+}

@@ -1,0 +1,442 @@
+//! The registry: the single source of truth for the manifest, the
+//! chokepoint's classification and the dispatch routes.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use capwire_envelope::{CapId, Namespace, NodeId, Verb};
+use semver::Version;
+
+use crate::class::{DeclaredClass, VerbKind};
+use crate::error::ManifestError;
+use crate::manifest::{CapabilityManifest, Manifest, MonitoringStatus, VerbManifest};
+use crate::monitoring::{self, MonitoringBind, MonitoringDisable};
+use crate::spec::{Capability, VerbSpec};
+
+/// Longest [`NodeInfo::app_id`], in bytes.
+pub const MAX_APP_ID_LEN: usize = 64;
+/// Longest [`NodeInfo::name`], in bytes.
+pub const MAX_NAME_LEN: usize = 128;
+/// Longest [`NodeInfo::description`], in bytes.
+pub const MAX_DESCRIPTION_LEN: usize = 1024;
+/// Longest capability params text, in bytes.
+pub const MAX_PARAMS_LEN: usize = 4096;
+/// Longest JSON Schema text of a verb's args or result, in bytes.
+pub const MAX_SCHEMA_LEN: usize = 16 * 1024;
+
+/// Who a node is, as its manifest says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The node's identity.
+    pub node_id: NodeId,
+    /// The application it runs.
+    pub app_id: String,
+    /// A human-readable name.
+    pub name: String,
+    /// A human-readable description.
+    pub description: String,
+}
+
+impl NodeInfo {
+    /// Named after its app, with an empty description.
+    pub fn new(node_id: NodeId, app_id: impl Into<String>) -> Self {
+        let app_id = app_id.into();
+        Self {
+            node_id,
+            name: app_id.clone(),
+            app_id,
+            description: String::new(),
+        }
+    }
+
+    /// Sets the name.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the description.
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+}
+
+/// The handlers of `core.monitoring`, which every registry has: the builder
+/// cannot be created without them.
+#[derive(Debug, Clone)]
+pub struct MonitoringHandlers<H> {
+    /// Handles `core.monitoring/bind` (bootstrap): the bind ceremony.
+    pub bind: H,
+    /// Handles `core.monitoring/disable` (controller): unbinds.
+    pub disable: H,
+}
+
+/// What the registry knows about one verb, apart from its handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerbInfo {
+    cap: CapId,
+    verb: Verb,
+    kind: VerbKind,
+    class: DeclaredClass,
+    args_schema: Option<Box<str>>,
+    result_schema: Option<Box<str>>,
+}
+
+impl VerbInfo {
+    /// The capability id.
+    pub fn cap(&self) -> &CapId {
+        &self.cap
+    }
+
+    /// The verb name.
+    pub fn verb(&self) -> &Verb {
+        &self.verb
+    }
+
+    /// Request or notification.
+    pub fn kind(&self) -> VerbKind {
+        self.kind
+    }
+
+    /// The declared auth class.
+    pub fn class(&self) -> DeclaredClass {
+        self.class
+    }
+
+    /// The JSON Schema of the args as JSON text, if declared.
+    pub fn args_schema(&self) -> Option<&str> {
+        self.args_schema.as_deref()
+    }
+
+    /// The JSON Schema of the result as JSON text, if declared.
+    pub fn result_schema(&self) -> Option<&str> {
+        self.result_schema.as_deref()
+    }
+}
+
+/// A dispatch route: a verb's metadata and its handler.
+pub struct Route<H> {
+    info: Arc<VerbInfo>,
+    handler: H,
+}
+
+impl<H> Route<H> {
+    /// The verb's metadata.
+    pub fn info(&self) -> &Arc<VerbInfo> {
+        &self.info
+    }
+
+    /// The handler, without any authorization.
+    ///
+    /// Dispatch must not use this: it gets the handler from the permit the
+    /// chokepoint grants (`capwire_authz::decide`). This exists for the
+    /// chokepoint itself and for tooling that inspects a registry.
+    pub fn dangerous_handler(&self) -> &H {
+        &self.handler
+    }
+}
+
+impl<H> fmt::Debug for Route<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Route").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+struct CapEntry<H> {
+    id: CapId,
+    version: Version,
+    params: Option<String>,
+    routes: Box<[Route<H>]>,
+}
+
+/// The immutable table of a node's capabilities and verbs.
+///
+/// Built once by [`RegistryBuilder`], which checks every invariant; read by
+/// the manifest ([`Registry::manifest`]), the chokepoint
+/// ([`Registry::lookup`]) and dispatch. `core.monitoring` with `bind`
+/// (bootstrap) and `disable` (controller) is always present.
+///
+/// `H` is the runtime's handler type; this crate never calls it.
+pub struct Registry<H> {
+    info: NodeInfo,
+    caps: Box<[CapEntry<H>]>,
+    index: HashMap<Box<str>, usize>,
+}
+
+impl<H> Registry<H> {
+    /// Starts a registry for `info`, with the handlers of `core.monitoring`.
+    pub fn builder(info: NodeInfo, monitoring: MonitoringHandlers<H>) -> RegistryBuilder<H> {
+        RegistryBuilder {
+            info,
+            monitoring,
+            caps: Vec::new(),
+        }
+    }
+
+    /// The route of `cap`/`verb`, matched as exact bytes: no case folding,
+    /// trimming, prefix or unicode normalisation. Any string is accepted;
+    /// an undeclared pair is `None`. Does not allocate.
+    pub fn lookup(&self, cap: &str, verb: &str) -> Option<&Route<H>> {
+        let entry = self.caps.get(*self.index.get(cap)?)?;
+        let at = entry
+            .routes
+            .binary_search_by(|r| r.info.verb.as_str().cmp(verb))
+            .ok()?;
+        entry.routes.get(at)
+    }
+
+    /// `true` when a capability has exactly this id. Does not allocate.
+    pub fn has_capability(&self, cap: &str) -> bool {
+        self.index.contains_key(cap)
+    }
+
+    /// Who this node is.
+    pub fn info(&self) -> &NodeInfo {
+        &self.info
+    }
+
+    /// Every route, by capability id then verb name.
+    pub fn routes(&self) -> impl Iterator<Item = &Route<H>> {
+        self.caps.iter().flat_map(|c| c.routes.iter())
+    }
+
+    /// The number of (cap, verb) routes.
+    pub fn len(&self) -> usize {
+        self.caps.iter().map(|c| c.routes.len()).sum()
+    }
+
+    /// Always `false`: `core.monitoring` is always present.
+    pub fn is_empty(&self) -> bool {
+        self.caps.is_empty()
+    }
+
+    /// The manifest for this registry, with the given monitoring status and
+    /// epoch. [`ManifestTracker`](crate::ManifestTracker) keeps the epoch.
+    pub fn manifest(&self, monitoring: MonitoringStatus, epoch: u64) -> Manifest {
+        Manifest {
+            node_id: self.info.node_id,
+            app_id: self.info.app_id.clone(),
+            name: self.info.name.clone(),
+            description: self.info.description.clone(),
+            epoch,
+            monitoring,
+            capabilities: self
+                .caps
+                .iter()
+                .map(|c| CapabilityManifest {
+                    id: c.id.clone(),
+                    version: c.version.clone(),
+                    params: c.params.clone(),
+                    verbs: c
+                        .routes
+                        .iter()
+                        .map(|r| VerbManifest {
+                            name: r.info.verb.clone(),
+                            kind: r.info.kind,
+                            class: r.info.class,
+                            args_schema: r.info.args_schema.as_deref().map(str::to_owned),
+                            result_schema: r.info.result_schema.as_deref().map(str::to_owned),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl<H> fmt::Debug for Registry<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("info", &self.info)
+            .field("routes", &self.routes().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    App,
+    Core,
+}
+
+/// Collects capability declarations and checks them into a [`Registry`].
+pub struct RegistryBuilder<H> {
+    info: NodeInfo,
+    monitoring: MonitoringHandlers<H>,
+    caps: Vec<(Origin, Capability<H>)>,
+}
+
+impl<H> fmt::Debug for RegistryBuilder<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryBuilder")
+            .field("info", &self.info)
+            .field("capabilities", &self.caps.iter().map(|(_, c)| c.id()).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H> RegistryBuilder<H> {
+    /// Adds an application capability; its id must be under `app.*`.
+    pub fn capability(mut self, cap: Capability<H>) -> Self {
+        self.caps.push((Origin::App, cap));
+        self
+    }
+
+    /// Adds a framework capability; its id must be under `core.*`. For the
+    /// node runtime's own capabilities (`core.configuration`, ...).
+    pub fn core_capability(mut self, cap: Capability<H>) -> Self {
+        self.caps.push((Origin::Core, cap));
+        self
+    }
+
+    /// Checks every declaration and builds the registry.
+    ///
+    /// # Errors
+    /// The first breach, in declaration order (`core.monitoring` first):
+    /// [`ManifestError::InvalidCapId`], [`ManifestError::ReservedNamespace`]
+    /// (an app under `core.*`), [`ManifestError::NotCoreNamespace`],
+    /// [`ManifestError::DuplicateCapability`],
+    /// [`ManifestError::CapabilityWithoutHandler`],
+    /// [`ManifestError::InvalidVerb`], [`ManifestError::VerbInWrongCapability`],
+    /// [`ManifestError::DuplicateVerb`], [`ManifestError::MissingAuthClass`],
+    /// [`ManifestError::NotificationWithResult`],
+    /// [`ManifestError::MissingHandler`] or [`ManifestError::FieldTooLong`].
+    pub fn build(self) -> Result<Registry<H>, ManifestError> {
+        let Self {
+            info,
+            monitoring,
+            caps,
+        } = self;
+        check_len("app_id", &info.app_id, MAX_APP_ID_LEN)?;
+        check_len("name", &info.name, MAX_NAME_LEN)?;
+        check_len("description", &info.description, MAX_DESCRIPTION_LEN)?;
+
+        let core_monitoring = Capability::new(monitoring::CORE_MONITORING, monitoring::version())
+            .verb::<MonitoringBind>(monitoring.bind)
+            .verb::<MonitoringDisable>(monitoring.disable);
+
+        let mut seen = HashSet::new();
+        let mut entries = Vec::with_capacity(caps.len() + 1);
+        for (origin, cap) in std::iter::once((Origin::Core, core_monitoring)).chain(caps) {
+            let entry = check_capability(origin, cap)?;
+            if !seen.insert(entry.id.clone()) {
+                return Err(ManifestError::DuplicateCapability { cap: entry.id });
+            }
+            entries.push(entry);
+        }
+        entries.sort_by(|a, b| a.id.cmp(&b.id));
+        let index = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (Box::<str>::from(e.id.as_str()), i))
+            .collect();
+        Ok(Registry {
+            info,
+            caps: entries.into_boxed_slice(),
+            index,
+        })
+    }
+}
+
+fn check_len(field: &'static str, value: &str, max: usize) -> Result<(), ManifestError> {
+    if value.len() > max {
+        return Err(ManifestError::FieldTooLong {
+            field,
+            len: value.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+fn check_capability<H>(origin: Origin, cap: Capability<H>) -> Result<CapEntry<H>, ManifestError> {
+    let id = CapId::try_from(cap.id.as_str()).map_err(|source| ManifestError::InvalidCapId {
+        cap: cap.id.clone(),
+        source,
+    })?;
+    match (origin, id.namespace()) {
+        (Origin::App, Namespace::Core) => return Err(ManifestError::ReservedNamespace { cap: id }),
+        (Origin::Core, Namespace::App) => return Err(ManifestError::NotCoreNamespace { cap: id }),
+        _ => {}
+    }
+    if let Some(params) = &cap.params {
+        check_len("params", params, MAX_PARAMS_LEN)?;
+    }
+    if cap.verbs.is_empty() {
+        return Err(ManifestError::CapabilityWithoutHandler { cap: id });
+    }
+    let mut routes: Vec<Route<H>> = Vec::with_capacity(cap.verbs.len());
+    for spec in cap.verbs {
+        let route = check_verb(&id, spec)?;
+        if routes.iter().any(|r| r.info.verb == route.info.verb) {
+            return Err(ManifestError::DuplicateVerb {
+                cap: id,
+                verb: route.info.verb.clone(),
+            });
+        }
+        routes.push(route);
+    }
+    routes.sort_by(|a, b| a.info.verb.cmp(&b.info.verb));
+    Ok(CapEntry {
+        id,
+        version: cap.version,
+        params: cap.params,
+        routes: routes.into_boxed_slice(),
+    })
+}
+
+fn check_verb<H>(cap: &CapId, spec: VerbSpec<H>) -> Result<Route<H>, ManifestError> {
+    let verb = Verb::try_from(spec.name.as_str()).map_err(|source| ManifestError::InvalidVerb {
+        cap: cap.clone(),
+        verb: spec.name.clone(),
+        source,
+    })?;
+    if let Some(declared) = spec.typed_cap
+        && declared != cap.as_str()
+    {
+        return Err(ManifestError::VerbInWrongCapability {
+            cap: cap.clone(),
+            verb,
+            declared,
+        });
+    }
+    let Some(class) = spec.class else {
+        return Err(ManifestError::MissingAuthClass {
+            cap: cap.clone(),
+            verb,
+        });
+    };
+    if spec.kind == VerbKind::Notification && spec.declares_result {
+        return Err(ManifestError::NotificationWithResult {
+            cap: cap.clone(),
+            verb,
+        });
+    }
+    let Some(handler) = spec.handler else {
+        return Err(ManifestError::MissingHandler {
+            cap: cap.clone(),
+            verb,
+        });
+    };
+    for (field, schema) in [
+        ("args_schema", &spec.args_schema),
+        ("result_schema", &spec.result_schema),
+    ] {
+        if let Some(schema) = schema {
+            check_len(field, schema, MAX_SCHEMA_LEN)?;
+        }
+    }
+    Ok(Route {
+        info: Arc::new(VerbInfo {
+            cap: cap.clone(),
+            verb,
+            kind: spec.kind,
+            class,
+            args_schema: spec.args_schema.map(String::into_boxed_str),
+            result_schema: spec.result_schema.map(String::into_boxed_str),
+        }),
+        handler,
+    })
+}

@@ -1,0 +1,230 @@
+//! Typed verb definitions shared by callers and handlers.
+
+use std::any::TypeId;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::class::{DeclaredClass, VerbKind};
+
+/// One verb, declared once in Rust types.
+///
+/// A caller (`peer.request::<V>(args)`) and the handler registered with
+/// [`Capability::verb::<V>`](crate::Capability::verb) use the same item, so
+/// they cannot disagree on the capability, the verb name, its class or its
+/// argument and result types. Declare one with [`verb!`](crate::verb), which
+/// also checks the id grammar at compile time.
+///
+/// A [`Notification`](VerbKind::Notification) has `Output = ()`; the
+/// registry refuses to build if a notification declares any other output
+/// type ([`ManifestError::NotificationWithResult`](crate::ManifestError::NotificationWithResult)).
+pub trait VerbDef: 'static {
+    /// The capability id, e.g. `"app.echo"`.
+    const CAP: &'static str;
+    /// The verb name, e.g. `"say"`.
+    const VERB: &'static str;
+    /// Request or notification.
+    const KIND: VerbKind;
+    /// Who may call it.
+    const CLASS: DeclaredClass;
+    /// The arguments, carried in the envelope's `args`.
+    type Args: Serialize + DeserializeOwned + JsonSchema + Send + 'static;
+    /// The result of a request; `()` for a notification.
+    type Output: Serialize + DeserializeOwned + JsonSchema + Send + 'static;
+}
+
+/// `true` when `V` declares a result, i.e. its output type is not `()`.
+pub(crate) fn declares_result<V: VerbDef>() -> bool {
+    TypeId::of::<V::Output>() != TypeId::of::<()>()
+}
+
+/// Declares a unit struct implementing [`VerbDef`].
+///
+/// ```
+/// use capwire_manifest::{VerbDef, VerbKind, DeclaredClass, verb};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+/// pub struct SayArgs { pub text: String }
+///
+/// verb! {
+///     /// Echoes `text` back.
+///     pub struct Say: request "app.echo" / "say", Bootstrap, SayArgs => String;
+/// }
+/// verb! {
+///     /// Logs a line; never answered.
+///     pub struct Log: notification "app.echo" / "log", Controller, String;
+/// }
+///
+/// assert_eq!(Say::CAP, "app.echo");
+/// assert_eq!(Say::KIND, VerbKind::Request);
+/// assert_eq!(Log::CLASS, DeclaredClass::Controller);
+/// ```
+///
+/// A malformed id is a compile error:
+///
+/// ```compile_fail
+/// capwire_manifest::verb! {
+///     pub struct Bad: request "App.Echo" / "say", Bootstrap, () => ();
+/// }
+/// ```
+#[macro_export]
+macro_rules! verb {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident : request $cap:literal / $verb:literal, $class:ident,
+        $args:ty => $out:ty $(;)?
+    ) => {
+        $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Request, $class, $args, $out);
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident : notification $cap:literal / $verb:literal, $class:ident,
+        $args:ty $(;)?
+    ) => {
+        $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Notification, $class, $args, ());
+    };
+    (@def [$(#[$meta:meta])*] $vis:vis $name:ident, $cap:literal, $verb:literal, $kind:ident,
+        $class:ident, $args:ty, $out:ty) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+        $vis struct $name;
+
+        const _: () = {
+            assert!(
+                $crate::cap_id_is_well_formed($cap),
+                concat!("`", $cap, "` is not a well-formed capability id (`core.*` or `app.*`)")
+            );
+            assert!(
+                $crate::verb_is_well_formed($verb),
+                concat!("`", $verb, "` is not a well-formed verb (`[a-z][a-z0-9_]*`)")
+            );
+        };
+
+        impl $crate::VerbDef for $name {
+            const CAP: &'static str = $cap;
+            const VERB: &'static str = $verb;
+            const KIND: $crate::VerbKind = $crate::VerbKind::$kind;
+            const CLASS: $crate::DeclaredClass = $crate::DeclaredClass::$class;
+            type Args = $args;
+            type Output = $out;
+        }
+    };
+}
+
+const fn is_segment(b: &[u8], start: usize, end: usize) -> bool {
+    if start >= end || !b[start].is_ascii_lowercase() {
+        return false;
+    }
+    let mut i = start + 1;
+    while i < end {
+        let c = b[i];
+        if !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_') {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The capability id grammar as a `const fn`, for compile-time checks:
+/// `("core" | "app") ("." [a-z][a-z0-9_]*)+`, at most
+/// [`MAX_CAP_ID_LEN`](capwire_envelope::MAX_CAP_ID_LEN) bytes. Agrees with
+/// [`CapId::try_from`](capwire_envelope::CapId).
+///
+/// ```
+/// assert!(capwire_manifest::cap_id_is_well_formed("app.echo"));
+/// assert!(!capwire_manifest::cap_id_is_well_formed("app.x/../y"));
+/// ```
+pub const fn cap_id_is_well_formed(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.is_empty() || b.len() > capwire_envelope::MAX_CAP_ID_LEN {
+        return false;
+    }
+    let mut start = if starts_with(b, b"core.") {
+        5
+    } else if starts_with(b, b"app.") {
+        4
+    } else {
+        return false;
+    };
+    let mut i = start;
+    while i <= b.len() {
+        if i == b.len() || b[i] == b'.' {
+            if !is_segment(b, start, i) {
+                return false;
+            }
+            start = i + 1;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The verb grammar as a `const fn`: `[a-z][a-z0-9_]*`, at most
+/// [`MAX_VERB_LEN`](capwire_envelope::MAX_VERB_LEN) bytes. Agrees with
+/// [`Verb::try_from`](capwire_envelope::Verb).
+///
+/// ```
+/// assert!(capwire_manifest::verb_is_well_formed("get_config"));
+/// assert!(!capwire_manifest::verb_is_well_formed("Disable"));
+/// ```
+pub const fn verb_is_well_formed(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() <= capwire_envelope::MAX_VERB_LEN && is_segment(b, 0, b.len())
+}
+
+const fn starts_with(b: &[u8], prefix: &[u8]) -> bool {
+    if b.len() < prefix.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < prefix.len() {
+        if b[i] != prefix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capwire_envelope::{CapId, Verb};
+    use proptest::prelude::*;
+
+    fn id_like() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "(core|app|App|apps|)(\\.[a-z0-9_A-Z./ ]{0,8}){0,4}",
+            "[a-z.]{0,70}",
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn const_grammar_agrees_with_the_envelope(s in id_like()) {
+            prop_assert_eq!(cap_id_is_well_formed(&s), CapId::try_from(s.as_str()).is_ok());
+            prop_assert_eq!(verb_is_well_formed(&s), Verb::try_from(s.as_str()).is_ok());
+        }
+    }
+
+    #[test]
+    fn grammar_edges() {
+        for ok in ["core.monitoring", "app.echo", "app.a.b_c9", "core.x"] {
+            assert!(cap_id_is_well_formed(ok), "{ok}");
+        }
+        for bad in [
+            "", "core", "app.", "app..x", ".app.x", "app.x.", "App.x", "app.9x", "app.x y",
+            "app.x\0", "app.x/../y", "app.é",
+        ] {
+            assert!(!cap_id_is_well_formed(bad), "{bad:?}");
+        }
+        let long = format!("app.{}", "a".repeat(capwire_envelope::MAX_CAP_ID_LEN));
+        assert!(!cap_id_is_well_formed(&long));
+        assert!(verb_is_well_formed("bind"));
+        assert!(!verb_is_well_formed(""));
+        assert!(!verb_is_well_formed(&"a".repeat(capwire_envelope::MAX_VERB_LEN + 1)));
+    }
+}

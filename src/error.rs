@@ -1,0 +1,72 @@
+//! Errors of the node runtime.
+
+use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
+
+/// Why a call to a peer did not produce a result.
+///
+/// Every call ends in exactly one `Ok` or one of these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The peer's chokepoint refused the call (`unknown_verb`, `unauthorized`
+    /// or `bind_failed`). No handler ran.
+    #[error("denied by peer: {}: {}", .0.code, .0.message)]
+    Denied(ErrorBody),
+    /// The handler ran (or the runtime answered) with an error.
+    #[error("peer answered with an error: {}: {}", .0.code, .0.message)]
+    Remote(ErrorBody),
+    /// The deadline passed before an answer arrived. A cancel was sent.
+    #[error("no answer within the deadline")]
+    Timeout,
+    /// The call was cancelled, locally or by the peer.
+    #[error("the call was cancelled")]
+    Cancelled,
+    /// The session to the peer ended before an answer arrived.
+    #[error("the connection to the peer was lost")]
+    PeerLost,
+    /// No session to the peer could be established.
+    #[error("peer {0} is not reachable")]
+    Unreachable(NodeId),
+    /// The peer's manifest does not offer the required capability version.
+    #[error("version unsatisfied: {0}")]
+    VersionUnsatisfied(String),
+    /// The envelope is larger than the peer accepts.
+    #[error("the envelope is too large")]
+    TooLarge,
+    /// Too many calls are in flight, locally or at the peer.
+    #[error("overloaded: too many calls in flight")]
+    Overloaded,
+    /// The arguments could not be encoded.
+    #[error("arguments could not be encoded: {0}")]
+    Encode(String),
+    /// The peer's result did not match the verb's result type.
+    #[error("the result did not match the verb's type: {0}")]
+    BadResult(String),
+    /// This node is shutting down.
+    #[error("the node is shutting down")]
+    Shutdown,
+}
+
+impl CallError {
+    /// Maps an error answer from the peer to the matching variant.
+    pub(crate) fn from_remote(body: ErrorBody) -> Self {
+        match body.code {
+            ErrorCode::UnknownVerb | ErrorCode::Unauthorized | ErrorCode::BindFailed => {
+                CallError::Denied(body)
+            }
+            ErrorCode::Timeout => CallError::Timeout,
+            ErrorCode::Cancelled => CallError::Cancelled,
+            ErrorCode::Overloaded => CallError::Overloaded,
+            ErrorCode::TooLarge => CallError::TooLarge,
+            _ => CallError::Remote(body),
+        }
+    }
+
+    /// The wire error code this error corresponds to, where there is one.
+    pub fn code(&self) -> Option<&ErrorCode> {
+        match self {
+            CallError::Denied(b) | CallError::Remote(b) => Some(&b.code),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,697 @@
+//! The record layer inside Noise transport messages: length prefix,
+//! coalescing of small records, splitting of large ones, close and rekey.
+//!
+//! ```text
+//! stream  = *( len:u16be  noise_message[len] )        16 <= len <= 65535
+//! plaintext of a noise_message = *chunk                (empty = keepalive)
+//! chunk   = type:u8  body_len:u16be  body[body_len]
+//!   0x01 RECORD  the last (or only) part of a record
+//!   0x02 MORE    a non-empty part of a record that continues
+//!   0x03 CLOSE   code:u8 reason:utf8  — last chunk of the session
+//!   0x04 REKEY   empty body — last chunk of its message
+//! ```
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::error::{TransportError, Violation};
+use crate::session::{Opener, Sealer};
+use crate::symmetric::{MAX_PLAINTEXT_LEN, TAGLEN};
+
+/// Bytes of the length prefix before every Noise message.
+pub const LENGTH_PREFIX_LEN: usize = 2;
+/// Bytes of a chunk header (type and body length).
+pub const CHUNK_HEADER_LEN: usize = 3;
+/// Longest close reason, in bytes of UTF-8.
+pub const MAX_CLOSE_REASON_LEN: usize = 255;
+
+const RECORD: u8 = 0x01;
+const MORE: u8 = 0x02;
+const CLOSE: u8 = 0x03;
+const REKEY: u8 = 0x04;
+
+/// Room for chunks in one message; the last 3 bytes of the largest
+/// plaintext stay free for a REKEY chunk.
+const CHUNK_ROOM: usize = MAX_PLAINTEXT_LEN - CHUNK_HEADER_LEN;
+
+/// Why a session was closed, as carried by a close record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CloseCode {
+    /// An ordinary end of the session.
+    Normal,
+    /// The sender's contact policy refused the receiver's key.
+    Denied,
+    /// The sender is shutting down.
+    Shutdown,
+    /// A code this version does not name.
+    Other(u8),
+}
+
+impl CloseCode {
+    /// The code's byte on the wire.
+    pub fn to_byte(self) -> u8 {
+        match self {
+            Self::Normal => 0,
+            Self::Denied => 1,
+            Self::Shutdown => 2,
+            Self::Other(b) => b,
+        }
+    }
+
+    /// The code a byte stands for.
+    pub fn from_byte(b: u8) -> Self {
+        match b {
+            0 => Self::Normal,
+            1 => Self::Denied,
+            2 => Self::Shutdown,
+            other => Self::Other(other),
+        }
+    }
+}
+
+/// The contents of a close record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CloseReason {
+    /// Why.
+    pub code: CloseCode,
+    /// Free text for people (at most 255 bytes).
+    pub reason: String,
+}
+
+/// Cuts `s` to at most `max` bytes at a character boundary.
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Turns records into length-prefixed, sealed Noise messages, packing as
+/// many records as fit into each message and splitting records that do not
+/// fit into one.
+///
+/// Output accumulates in an internal buffer: [`wire`](Self::wire) gives the
+/// sealed bytes ready for the stream, [`consume_wire`](Self::consume_wire)
+/// drops them once written. A message stays open (unsealed) until
+/// [`flush`](Self::flush) or until it is full.
+pub struct RecordEncoder {
+    sealer: Sealer,
+    buf: Vec<u8>,
+    open: Option<usize>,
+    rekey_after: Option<u64>,
+    since_rekey: u64,
+    max_record_size: usize,
+    closed: bool,
+    failed: bool,
+    messages: u64,
+}
+
+impl RecordEncoder {
+    /// An encoder over `sealer`. Records larger than `max_record_size` are
+    /// refused; with `rekey_after_messages = Some(n)`, every n-th message
+    /// carries a REKEY chunk and the key is replaced after it.
+    pub fn new(sealer: Sealer, max_record_size: usize, rekey_after_messages: Option<u64>) -> Self {
+        Self {
+            sealer,
+            buf: Vec::with_capacity(64 * 1024),
+            open: None,
+            rekey_after: rekey_after_messages.filter(|&n| n > 0),
+            since_rekey: 0,
+            max_record_size,
+            closed: false,
+            failed: false,
+            messages: 0,
+        }
+    }
+
+    fn check_usable(&self) -> Result<(), TransportError> {
+        if self.failed {
+            return Err(TransportError::NonceExhausted);
+        }
+        if self.closed {
+            return Err(TransportError::Closed);
+        }
+        Ok(())
+    }
+
+    fn room(&self) -> usize {
+        match self.open {
+            Some(start) => CHUNK_ROOM - (self.buf.len() - start - LENGTH_PREFIX_LEN),
+            None => 0,
+        }
+    }
+
+    fn begin(&mut self) {
+        self.open = Some(self.buf.len());
+        self.buf.extend_from_slice(&[0, 0]);
+    }
+
+    fn chunk(&mut self, kind: u8, body: &[u8]) {
+        // Callers guarantee body.len() <= CHUNK_ROOM < 65536.
+        let len = (body.len() as u16).to_be_bytes();
+        self.buf.extend_from_slice(&[kind, len[0], len[1]]);
+        self.buf.extend_from_slice(body);
+    }
+
+    fn seal_open(&mut self, allow_rekey: bool) -> Result<(), TransportError> {
+        let Some(start) = self.open.take() else {
+            return Ok(());
+        };
+        let rekey_now = allow_rekey && self.rekey_after.is_some_and(|n| self.since_rekey + 1 >= n);
+        if rekey_now {
+            self.chunk(REKEY, &[]);
+        }
+        let body = start + LENGTH_PREFIX_LEN;
+        let plain_len = self.buf.len() - body;
+        self.buf.resize(self.buf.len() + TAGLEN, 0);
+        let sealed = match self.sealer.seal_in_place(&mut self.buf[body..], plain_len) {
+            Ok(n) => n,
+            Err(e) => {
+                self.buf.truncate(start);
+                self.failed = true;
+                return Err(e);
+            }
+        };
+        // sealed <= 65535 by construction.
+        self.buf[start..body].copy_from_slice(&(sealed as u16).to_be_bytes());
+        self.messages += 1;
+        if rekey_now {
+            self.sealer.rekey();
+            self.since_rekey = 0;
+        } else {
+            self.since_rekey += 1;
+        }
+        Ok(())
+    }
+
+    /// Adds one record. It joins the open message if it fits there; a record
+    /// that fits in one message otherwise starts a new one; a larger record
+    /// fills the open message and continues in as many as it needs.
+    ///
+    /// # Errors
+    /// [`TransportError::RecordTooLarge`] over the maximum record size;
+    /// [`TransportError::Closed`] after [`close`](Self::close);
+    /// [`TransportError::NonceExhausted`] when a full message could not be
+    /// sealed.
+    pub fn push_record(&mut self, record: &[u8]) -> Result<(), TransportError> {
+        self.check_usable()?;
+        if record.len() > self.max_record_size {
+            return Err(TransportError::RecordTooLarge {
+                len: record.len(),
+                max: self.max_record_size,
+            });
+        }
+        if record.len() + CHUNK_HEADER_LEN <= CHUNK_ROOM {
+            if self.room() < record.len() + CHUNK_HEADER_LEN {
+                self.seal_open(true)?;
+                self.begin();
+            }
+            self.chunk(RECORD, record);
+            return Ok(());
+        }
+        let mut rest = record;
+        loop {
+            if self.room() <= CHUNK_HEADER_LEN {
+                self.seal_open(true)?;
+                self.begin();
+            }
+            let space = self.room() - CHUNK_HEADER_LEN;
+            if rest.len() <= space {
+                self.chunk(RECORD, rest);
+                return Ok(());
+            }
+            let (part, tail) = rest.split_at(space);
+            self.chunk(MORE, part);
+            rest = tail;
+        }
+    }
+
+    /// Seals the open message, if any.
+    ///
+    /// # Errors
+    /// [`TransportError::NonceExhausted`].
+    pub fn flush(&mut self) -> Result<(), TransportError> {
+        if self.failed {
+            return Err(TransportError::NonceExhausted);
+        }
+        self.seal_open(true)
+    }
+
+    /// Seals a keepalive: an empty message, unless a message with records is
+    /// open, in which case that message is sealed instead.
+    ///
+    /// # Errors
+    /// As [`flush`](Self::flush); [`TransportError::Closed`] after close.
+    pub fn keepalive(&mut self) -> Result<(), TransportError> {
+        self.check_usable()?;
+        if self.open.is_none() {
+            self.begin();
+        }
+        self.seal_open(true)
+    }
+
+    /// Seals the open message with a close record as its last chunk. Nothing
+    /// more can be pushed afterwards. The reason is cut to 255 bytes.
+    ///
+    /// # Errors
+    /// As [`flush`](Self::flush); [`TransportError::Closed`] if already
+    /// closed.
+    pub fn close(&mut self, code: CloseCode, reason: &str) -> Result<(), TransportError> {
+        self.check_usable()?;
+        let reason = truncate_utf8(reason, MAX_CLOSE_REASON_LEN);
+        let mut body = Vec::with_capacity(1 + reason.len());
+        body.push(code.to_byte());
+        body.extend_from_slice(reason.as_bytes());
+        if self.room() < body.len() + CHUNK_HEADER_LEN {
+            self.seal_open(true)?;
+            self.begin();
+        }
+        self.chunk(CLOSE, &body);
+        self.closed = true;
+        self.seal_open(false)
+    }
+
+    /// The sealed bytes ready to be written to the stream.
+    pub fn wire(&self) -> &[u8] {
+        &self.buf[..self.open.unwrap_or(self.buf.len())]
+    }
+
+    /// Forgets the sealed bytes returned by [`wire`](Self::wire) (call once
+    /// they are written).
+    pub fn consume_wire(&mut self) {
+        match self.open {
+            Some(start) => {
+                self.buf.drain(..start);
+                self.open = Some(0);
+            }
+            None => self.buf.clear(),
+        }
+    }
+
+    /// How many Noise messages have been sealed so far.
+    pub fn messages_sealed(&self) -> u64 {
+        self.messages
+    }
+
+    /// The nonce the next sealed message will use.
+    pub fn nonce(&self) -> u64 {
+        self.sealer.nonce()
+    }
+
+    /// Moves the nonce counter forward (never backwards).
+    #[cfg(feature = "test-hooks")]
+    pub fn advance_nonce_for_testing(&mut self, n: u64) {
+        self.sealer.advance_nonce_for_testing(n);
+    }
+}
+
+impl std::fmt::Debug for RecordEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordEncoder")
+            .field("messages", &self.messages)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one call to [`RecordDecoder::decode`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decoded {
+    /// Complete, authenticated Noise messages consumed.
+    pub messages: usize,
+    /// The close record, once it has arrived.
+    pub close: Option<CloseReason>,
+}
+
+/// Turns stream bytes back into records: checks each length prefix,
+/// authenticates and decrypts each message in place, reassembles split
+/// records, and stops at the close record. Any error is final.
+pub struct RecordDecoder {
+    opener: Opener,
+    partial: Option<BytesMut>,
+    max_record_size: usize,
+    close: Option<CloseReason>,
+    failed: Option<Violation>,
+}
+
+impl RecordDecoder {
+    /// A decoder over `opener` that refuses records over `max_record_size`.
+    pub fn new(opener: Opener, max_record_size: usize) -> Self {
+        Self {
+            opener,
+            partial: None,
+            max_record_size,
+            close: None,
+            failed: None,
+        }
+    }
+
+    /// Consumes every complete message at the front of `buf`, appending the
+    /// records they finish to `out` (records inside one message share its
+    /// buffer: no copy). A partial message stays in `buf`. After a close
+    /// record nothing more is consumed.
+    ///
+    /// Records of a message are appended only once the whole message has
+    /// been authenticated and parsed.
+    ///
+    /// # Errors
+    /// [`TransportError::PeerMisbehaved`] for a length prefix under 16, a
+    /// forged or out-of-order message, bad framing or an oversize record;
+    /// the decoder then refuses everything.
+    pub fn decode(
+        &mut self,
+        buf: &mut BytesMut,
+        out: &mut Vec<Bytes>,
+    ) -> Result<Decoded, TransportError> {
+        if let Some(v) = self.failed {
+            return Err(v.into());
+        }
+        let mut decoded = Decoded::default();
+        while self.close.is_none() && buf.len() >= LENGTH_PREFIX_LEN {
+            let len = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+            if len < TAGLEN {
+                return Err(self.fail(Violation::ShortMessage));
+            }
+            if buf.len() < LENGTH_PREFIX_LEN + len {
+                buf.reserve(LENGTH_PREFIX_LEN + len - buf.len());
+                break;
+            }
+            let mut msg = buf.split_to(LENGTH_PREFIX_LEN + len);
+            msg.advance(LENGTH_PREFIX_LEN);
+            let plain = match self.opener.open_in_place(&mut msg) {
+                Ok(n) => n,
+                Err(TransportError::PeerMisbehaved(v)) => return Err(self.fail(v)),
+                Err(e) => return Err(e),
+            };
+            msg.truncate(plain);
+            let mark = out.len();
+            match self.parse(msg, out) {
+                Ok(rekey) => {
+                    if rekey {
+                        self.opener.rekey();
+                    }
+                }
+                Err(v) => {
+                    out.truncate(mark);
+                    return Err(self.fail(v));
+                }
+            }
+            decoded.messages += 1;
+        }
+        decoded.close.clone_from(&self.close);
+        Ok(decoded)
+    }
+
+    fn fail(&mut self, v: Violation) -> TransportError {
+        self.failed = Some(v);
+        self.partial = None;
+        v.into()
+    }
+
+    /// Parses one plaintext. Returns whether it ended with a REKEY chunk.
+    fn parse(&mut self, mut msg: BytesMut, out: &mut Vec<Bytes>) -> Result<bool, Violation> {
+        while !msg.is_empty() {
+            if msg.len() < CHUNK_HEADER_LEN {
+                return Err(Violation::Framing);
+            }
+            let kind = msg[0];
+            let len = usize::from(u16::from_be_bytes([msg[1], msg[2]]));
+            if msg.len() < CHUNK_HEADER_LEN + len {
+                return Err(Violation::Framing);
+            }
+            msg.advance(CHUNK_HEADER_LEN);
+            let body = msg.split_to(len);
+            match kind {
+                RECORD => match self.partial.take() {
+                    Some(mut partial) => {
+                        if partial.len() + len > self.max_record_size {
+                            return Err(Violation::RecordTooLarge);
+                        }
+                        partial.extend_from_slice(&body);
+                        out.push(partial.freeze());
+                    }
+                    None => {
+                        if len > self.max_record_size {
+                            return Err(Violation::RecordTooLarge);
+                        }
+                        out.push(body.freeze());
+                    }
+                },
+                MORE => {
+                    if len == 0 {
+                        return Err(Violation::Framing);
+                    }
+                    let so_far = self.partial.as_ref().map_or(0, BytesMut::len);
+                    if so_far + len > self.max_record_size {
+                        return Err(Violation::RecordTooLarge);
+                    }
+                    match &mut self.partial {
+                        Some(partial) => partial.extend_from_slice(&body),
+                        None => {
+                            let mut partial = BytesMut::with_capacity(
+                                (2 * len).min(self.max_record_size).max(len),
+                            );
+                            partial.extend_from_slice(&body);
+                            self.partial = Some(partial);
+                        }
+                    }
+                }
+                CLOSE => {
+                    if self.partial.is_some() || !msg.is_empty() || body.is_empty() {
+                        return Err(Violation::Framing);
+                    }
+                    if body.len() - 1 > MAX_CLOSE_REASON_LEN {
+                        return Err(Violation::Framing);
+                    }
+                    let reason = std::str::from_utf8(&body[1..]).map_err(|_| Violation::Framing)?;
+                    self.close = Some(CloseReason {
+                        code: CloseCode::from_byte(body[0]),
+                        reason: reason.to_owned(),
+                    });
+                }
+                REKEY => {
+                    if len != 0 || !msg.is_empty() {
+                        return Err(Violation::Framing);
+                    }
+                    return Ok(true);
+                }
+                _ => return Err(Violation::Framing),
+            }
+        }
+        Ok(false)
+    }
+
+    /// The close record, once received.
+    pub fn close_reason(&self) -> Option<&CloseReason> {
+        self.close.as_ref()
+    }
+
+    /// Whether a record is partly received (some of its parts arrived, the
+    /// last has not).
+    pub fn has_partial_record(&self) -> bool {
+        self.partial.is_some()
+    }
+
+    /// The nonce the next message must carry.
+    pub fn nonce(&self) -> u64 {
+        self.opener.nonce()
+    }
+
+    /// Moves the nonce counter forward (never backwards).
+    #[cfg(feature = "test-hooks")]
+    pub fn advance_nonce_for_testing(&mut self, n: u64) {
+        self.opener.advance_nonce_for_testing(n);
+    }
+}
+
+impl std::fmt::Debug for RecordDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordDecoder")
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handshake::{Initiator, Responder};
+    use crate::keys::{Keypair, OsEntropy};
+    use crate::session::TransportSession;
+
+    fn pair() -> (TransportSession, TransportSession) {
+        let a = Keypair::generate().unwrap();
+        let b = Keypair::generate().unwrap();
+        let (mut m1, mut m2, mut m3, mut p) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let i = Initiator::new(&a, &OsEntropy)
+            .unwrap()
+            .write_message(&[], &mut m1)
+            .unwrap();
+        let r = Responder::new(&b, &OsEntropy)
+            .unwrap()
+            .read_message(&m1, &mut p)
+            .unwrap()
+            .write_message(&[], &mut m2)
+            .unwrap();
+        let i = i
+            .read_message(&m2, &mut p)
+            .unwrap()
+            .write_message(&[], &mut m3)
+            .unwrap();
+        let r = r.read_message(&m3, &mut p).unwrap();
+        (i, r)
+    }
+
+    fn codec(max: usize, rekey: Option<u64>) -> (RecordEncoder, RecordDecoder) {
+        let (i, r) = pair();
+        let (sealer, _) = i.split();
+        let (_, opener) = r.split();
+        (RecordEncoder::new(sealer, max, rekey), RecordDecoder::new(opener, max))
+    }
+
+    fn message_lengths(wire: &[u8]) -> Vec<usize> {
+        let mut lens = Vec::new();
+        let mut rest = wire;
+        while rest.len() >= 2 {
+            let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+            lens.push(len);
+            rest = &rest[2 + len..];
+        }
+        assert!(rest.is_empty());
+        lens
+    }
+
+    #[test]
+    fn small_records_share_one_message() {
+        let (mut enc, mut dec) = codec(1 << 20, None);
+        for i in 0..100u8 {
+            enc.push_record(&[i; 64]).unwrap();
+        }
+        enc.flush().unwrap();
+        assert_eq!(message_lengths(enc.wire()), vec![100 * 67 + 16]);
+        let mut buf = BytesMut::from(enc.wire());
+        let mut out = Vec::new();
+        let d = dec.decode(&mut buf, &mut out).unwrap();
+        assert_eq!(d.messages, 1);
+        assert_eq!(out.len(), 100);
+        assert!(out.iter().enumerate().all(|(i, r)| r[..] == [i as u8; 64]));
+    }
+
+    #[test]
+    fn large_records_are_split_and_reassembled() {
+        let (mut enc, mut dec) = codec(1 << 20, None);
+        let record: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        enc.push_record(b"first").unwrap();
+        enc.push_record(&record).unwrap();
+        enc.push_record(b"last").unwrap();
+        enc.flush().unwrap();
+        let lens = message_lengths(enc.wire());
+        assert!(lens.len() >= 4);
+        assert!(lens.iter().all(|&l| l <= 65535));
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        // Feed the stream one byte at a time: nothing is delivered early.
+        for &b in enc.wire() {
+            buf.extend_from_slice(&[b]);
+            dec.decode(&mut buf, &mut out).unwrap();
+        }
+        assert_eq!(out.len(), 3);
+        assert_eq!(&out[0][..], b"first");
+        assert_eq!(&out[1][..], &record[..]);
+        assert_eq!(&out[2][..], b"last");
+    }
+
+    #[test]
+    fn empty_records_and_keepalives() {
+        let (mut enc, mut dec) = codec(100, None);
+        enc.keepalive().unwrap();
+        enc.push_record(b"").unwrap();
+        enc.flush().unwrap();
+        enc.keepalive().unwrap();
+        assert_eq!(message_lengths(enc.wire()), vec![16, 19, 16]);
+        let mut buf = BytesMut::from(enc.wire());
+        let mut out = Vec::new();
+        let d = dec.decode(&mut buf, &mut out).unwrap();
+        assert_eq!(d.messages, 3);
+        assert_eq!(out, vec![Bytes::new()]);
+    }
+
+    #[test]
+    fn close_ends_the_stream() {
+        let (mut enc, mut dec) = codec(100, None);
+        enc.push_record(b"bye").unwrap();
+        enc.close(CloseCode::Normal, "done").unwrap();
+        assert!(matches!(enc.push_record(b"x"), Err(TransportError::Closed)));
+        let mut buf = BytesMut::from(enc.wire());
+        let mut out = Vec::new();
+        let d = dec.decode(&mut buf, &mut out).unwrap();
+        assert_eq!(
+            d.close,
+            Some(CloseReason {
+                code: CloseCode::Normal,
+                reason: "done".into()
+            })
+        );
+        assert_eq!(out, vec![Bytes::from_static(b"bye")]);
+    }
+
+    #[test]
+    fn rekey_every_n_messages_stays_in_step() {
+        let (mut enc, mut dec) = codec(1 << 20, Some(3));
+        let mut out = Vec::new();
+        for round in 0..10u8 {
+            enc.push_record(&[round; 10]).unwrap();
+            enc.flush().unwrap();
+            let mut buf = BytesMut::from(enc.wire());
+            enc.consume_wire();
+            dec.decode(&mut buf, &mut out).unwrap();
+        }
+        assert_eq!(out.len(), 10);
+        assert_eq!(enc.nonce(), 10, "rekey keeps the nonce counter");
+    }
+
+    #[test]
+    fn oversize_record_is_refused_on_both_sides() {
+        let (mut enc, _) = codec(10, None);
+        assert!(matches!(
+            enc.push_record(&[0; 11]),
+            Err(TransportError::RecordTooLarge { len: 11, max: 10 })
+        ));
+        // A sender with a larger limit than the receiver: whole and split.
+        for size in [11, 100_000] {
+            let (i, r) = pair();
+            let mut enc = RecordEncoder::new(i.split().0, 1 << 20, None);
+            let mut dec = RecordDecoder::new(r.split().1, 10);
+            enc.push_record(&vec![0; size]).unwrap();
+            enc.flush().unwrap();
+            let mut buf = BytesMut::from(enc.wire());
+            let mut out = Vec::new();
+            assert!(matches!(
+                dec.decode(&mut buf, &mut out),
+                Err(TransportError::PeerMisbehaved(Violation::RecordTooLarge))
+            ));
+            assert!(out.is_empty());
+        }
+    }
+
+    #[test]
+    fn consume_wire_keeps_the_open_message() {
+        let (mut enc, mut dec) = codec(1 << 20, None);
+        enc.push_record(&vec![7u8; 70_000]).unwrap();
+        let first = enc.wire().to_vec();
+        assert!(!first.is_empty());
+        enc.consume_wire();
+        enc.push_record(b"tail").unwrap();
+        enc.flush().unwrap();
+        let mut buf = BytesMut::from(&first[..]);
+        buf.extend_from_slice(enc.wire());
+        let mut out = Vec::new();
+        dec.decode(&mut buf, &mut out).unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].len(), 70_000);
+        assert_eq!(&out[1][..], b"tail");
+    }
+}
