@@ -70,3 +70,39 @@ impl CallError {
         }
     }
 }
+
+/// Why building, starting or connecting a node failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The declared capabilities break a registry invariant.
+    #[error(transparent)]
+    Registry(#[from] capwire_manifest::ManifestError),
+    /// The transport failed (handshake, policy, I/O on the channel).
+    #[error(transparent)]
+    Transport(#[from] capwire_transport::TransportError),
+    /// A socket operation failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The authorization layer failed (e.g. no randomness for a bind code).
+    #[error(transparent)]
+    Authz(#[from] capwire_authz::AuthzError),
+    /// An address could not be parsed.
+    #[error(transparent)]
+    Addr(#[from] crate::addr::AddrParseError),
+    /// A setting is invalid (API misuse).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The peer broke the session protocol (bad hello, wrong first frame).
+    #[error("peer violated the session protocol: {0}")]
+    Protocol(String),
+    /// Something did not happen in time.
+    #[error("timed out")]
+    Timeout,
+    /// The node is shutting down.
+    #[error("the node is shutting down")]
+    Shutdown,
+    /// Too many sessions are open.
+    #[error("too many sessions")]
+    TooManySessions,
+}

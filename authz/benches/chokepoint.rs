@@ -23,15 +23,26 @@ const VERBS: usize = 10;
 fn registry() -> Registry<u32> {
     let mut b = Registry::builder(
         NodeInfo::new(NodeId::from_bytes([0; 32]), "bench"),
-        MonitoringHandlers { bind: 0, disable: 1 },
+        MonitoringHandlers {
+            bind: 0,
+            disable: 1,
+        },
     );
     let mut h = 2;
     // core.monitoring plus 99 app capabilities: 100 capabilities.
     for c in 0..CAPS - 1 {
         let mut cap = Capability::new(format!("app.capability_{c:03}"), Version::new(1, 0, 0));
         for v in 0..VERBS {
-            let class = if v % 2 == 0 { DeclaredClass::Bootstrap } else { DeclaredClass::Controller };
-            cap = cap.verb_spec(VerbSpec::request(format!("verb_{v}")).class(class).handler(h));
+            let class = if v % 2 == 0 {
+                DeclaredClass::Bootstrap
+            } else {
+                DeclaredClass::Controller
+            };
+            cap = cap.verb_spec(
+                VerbSpec::request(format!("verb_{v}"))
+                    .class(class)
+                    .handler(h),
+            );
             h += 1;
         }
         b = b.capability(cap);
@@ -59,7 +70,12 @@ fn headers() -> Vec<(String, String, NodeId)> {
     out
 }
 
-fn run_decide(r: &Registry<u32>, gate: &Gate, binding: &Binding, hs: &[(String, String, NodeId)]) -> u32 {
+fn run_decide(
+    r: &Registry<u32>,
+    gate: &Gate,
+    binding: &Binding,
+    hs: &[(String, String, NodeId)],
+) -> u32 {
     let mut acc = 0u32;
     for (cap, verb, sender) in hs {
         match decide(r, gate, binding, sender, cap, verb) {
@@ -97,7 +113,9 @@ fn benches(c: &mut Criterion) {
             acc
         })
     });
-    let map: HashMap<String, u32> = (0..CAPS as u32).map(|i| (format!("app.capability_{i:03}"), i)).collect();
+    let map: HashMap<String, u32> = (0..CAPS as u32)
+        .map(|i| (format!("app.capability_{i:03}"), i))
+        .collect();
     group.bench_function("baseline: one HashMap<String, _> lookup", |b| {
         b.iter(|| run_baseline(black_box(&map), black_box(&hs)))
     });
@@ -127,8 +145,12 @@ fn report() {
     let gate = Gate::default();
     let binding = Binding::new(Some(NodeId::from_bytes([0xc0; 32])), 3);
     let hs = headers();
-    let map: HashMap<String, u32> = (0..CAPS as u32).map(|i| (format!("app.capability_{i:03}"), i)).collect();
-    let decide_ns = per_envelope(hs.len(), || run_decide(black_box(&r), &gate, &binding, black_box(&hs)));
+    let map: HashMap<String, u32> = (0..CAPS as u32)
+        .map(|i| (format!("app.capability_{i:03}"), i))
+        .collect();
+    let decide_ns = per_envelope(hs.len(), || {
+        run_decide(black_box(&r), &gate, &binding, black_box(&hs))
+    });
     let base_ns = per_envelope(hs.len(), || run_baseline(black_box(&map), black_box(&hs)));
     println!(
         "chokepoint: {} routes; decide = {decide_ns:.1} ns/envelope (target <= 100 ns); \

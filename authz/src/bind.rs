@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use capwire_envelope::NodeId;
+use capwire_envelope::{ErrorBody, ErrorCode, NodeId, RawValue};
 use capwire_manifest::MonitoringStatus;
 use rand_core::{CryptoRng, RngCore};
 use serde::{Deserialize, Serialize};
@@ -67,7 +67,9 @@ impl BindCode {
     pub fn parse(s: &str) -> Result<Self, AuthzError> {
         let bytes = s.as_bytes();
         if bytes.len() != BIND_CODE_LEN
-            || !bytes.iter().all(|b| BIND_CODE_ALPHABET.as_bytes().contains(b))
+            || !bytes
+                .iter()
+                .all(|b| BIND_CODE_ALPHABET.as_bytes().contains(b))
         {
             return Err(AuthzError::MalformedCode);
         }
@@ -134,6 +136,18 @@ impl BindFailure {
     /// The wire error code of every bind failure: `"bind_failed"`.
     pub const CODE: &'static str = "bind_failed";
 
+    /// The error half of the response that answers a failed bind: code
+    /// `bind_failed`, this failure as the message, and as `detail` the map
+    /// `{reason, attempts_left?}`.
+    pub fn error_body(&self) -> ErrorBody {
+        let body = ErrorBody::new(ErrorCode::BindFailed, self.to_string());
+        match RawValue::encode(self) {
+            Ok(detail) => body.with_detail(detail),
+            // A map of one text and one small integer always encodes.
+            Err(_) => body,
+        }
+    }
+
     /// The `reason` text: `no_pending`, `expired`, `wrong_sender`,
     /// `wrong_code` or `too_many_attempts`.
     pub const fn reason(&self) -> &'static str {
@@ -172,7 +186,7 @@ pub struct PendingInfo {
 /// ```
 /// use std::time::{Duration, Instant};
 /// use capwire_authz::{BindCode, BindFailure, BindingState};
-/// use capwire_envelope::NodeId;
+/// use capwire_envelope::{ErrorBody, ErrorCode, NodeId, RawValue};
 ///
 /// let control_plane = NodeId::from_bytes([9; 32]);
 /// let now = Instant::now();
@@ -351,7 +365,12 @@ impl SharedBinding {
     ///
     /// # Errors
     /// The [`BindFailure`] reason.
-    pub fn try_bind(&self, sender: &NodeId, code: &str, now: Instant) -> Result<Binding, BindFailure> {
+    pub fn try_bind(
+        &self,
+        sender: &NodeId,
+        code: &str,
+        now: Instant,
+    ) -> Result<Binding, BindFailure> {
         self.lock().try_bind(sender, code, now)
     }
 

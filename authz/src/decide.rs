@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use capwire_envelope::NodeId;
+use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
 use capwire_manifest::{AuthClass, DeclaredClass, Registry, Route, VerbInfo};
 
 use crate::binding::Binding;
@@ -110,7 +110,22 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
-    /// The wire error code: `"unknown_verb"` or `"unauthorized"`.
+    /// The wire error code: [`ErrorCode::UnknownVerb`] or
+    /// [`ErrorCode::Unauthorized`].
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::UnknownVerb { .. } => ErrorCode::UnknownVerb,
+            Self::Unauthorized { .. } => ErrorCode::Unauthorized,
+        }
+    }
+
+    /// The error half of the response that answers a denied request: the
+    /// code and this reason as the message, no detail.
+    pub fn error_body(&self) -> ErrorBody {
+        ErrorBody::new(self.code(), self.to_string())
+    }
+
+    /// The wire error code as text: `"unknown_verb"` or `"unauthorized"`.
     pub fn code_str(&self) -> &'static str {
         match self {
             Self::UnknownVerb { .. } => "unknown_verb",
@@ -195,7 +210,7 @@ impl<'r, H> Permit<'r, H> {
 
     /// The verb's class.
     pub fn class(&self) -> DeclaredClass {
-        self.route.info().class()
+        self.route.class()
     }
 
     /// The binding epoch the permit was granted under.
@@ -334,7 +349,7 @@ fn recheck(
 pub fn control_auth_class<H>(registry: &Registry<H>, cap: &str, verb: &str) -> AuthClass {
     registry
         .lookup(cap, verb)
-        .map_or(AuthClass::Deny, |route| route.info().class().into())
+        .map_or(AuthClass::Deny, |route| route.class().into())
 }
 
 /// The chokepoint: decides whether `sender` may have `cap`/`verb` run.
@@ -364,7 +379,7 @@ pub fn decide<'r, H>(
         };
         return Decision::Denied(DenyReason::UnknownVerb { why });
     };
-    if route.info().class() == DeclaredClass::Controller
+    if route.class() == DeclaredClass::Controller
         && let Err(why) = gate.check(sender, cap, verb, binding)
     {
         return Decision::Denied(DenyReason::Unauthorized { why });

@@ -26,7 +26,10 @@ fn pending(expected: Option<NodeId>, now: Instant) -> BindingState {
 #[test]
 fn no_pending() {
     let mut state = BindingState::new();
-    assert_eq!(state.try_bind(&CP, CODE, Instant::now()), Err(BindFailure::NoPending));
+    assert_eq!(
+        state.try_bind(&CP, CODE, Instant::now()),
+        Err(BindFailure::NoPending)
+    );
     assert_eq!(state.binding(), Binding::UNBOUND);
 }
 
@@ -42,7 +45,11 @@ fn expired_clears_the_pending_bind() {
     assert_eq!(state.status(at), MonitoringStatus::Off);
     // Expiry is checked before anything else, even with the right code.
     assert_eq!(state.try_bind(&CP, CODE, at), Err(BindFailure::Expired));
-    assert_eq!(state.try_bind(&CP, CODE, t0), Err(BindFailure::NoPending), "cleared");
+    assert_eq!(
+        state.try_bind(&CP, CODE, t0),
+        Err(BindFailure::NoPending),
+        "cleared"
+    );
     assert_eq!(state.binding(), Binding::UNBOUND);
 }
 
@@ -52,12 +59,21 @@ fn wrong_sender_uses_no_attempt() {
     let mut state = pending(Some(CP), now);
     for _ in 0..10 {
         // Checked before the code: the right code from the wrong sender fails too.
-        assert_eq!(state.try_bind(&OTHER, CODE, now), Err(BindFailure::WrongSender));
-        assert_eq!(state.try_bind(&OTHER, "WRONGCODE2", now), Err(BindFailure::WrongSender));
+        assert_eq!(
+            state.try_bind(&OTHER, CODE, now),
+            Err(BindFailure::WrongSender)
+        );
+        assert_eq!(
+            state.try_bind(&OTHER, "WRONGCODE2", now),
+            Err(BindFailure::WrongSender)
+        );
     }
     assert_eq!(state.pending(now).unwrap().attempts_left, BIND_MAX_ATTEMPTS);
     assert_eq!(state.pending(now).unwrap().expected, Some(CP));
-    assert_eq!(state.try_bind(&CP, CODE, now).unwrap().controller(), Some(&CP));
+    assert_eq!(
+        state.try_bind(&CP, CODE, now).unwrap().controller(),
+        Some(&CP)
+    );
 }
 
 #[test]
@@ -84,10 +100,23 @@ fn too_many_attempts_clears_the_pending_bind() {
     let now = Instant::now();
     let mut state = pending(None, now);
     let bad = ["", "K7M2Q9XW4P\0", "K7M2Q9XW4"];
-    assert_eq!(state.try_bind(&CP, bad[0], now), Err(BindFailure::WrongCode { attempts_left: 2 }));
-    assert_eq!(state.try_bind(&OTHER, bad[1], now), Err(BindFailure::WrongCode { attempts_left: 1 }));
-    assert_eq!(state.try_bind(&CP, bad[2], now), Err(BindFailure::TooManyAttempts));
-    assert_eq!(state.try_bind(&CP, CODE, now), Err(BindFailure::NoPending), "cleared");
+    assert_eq!(
+        state.try_bind(&CP, bad[0], now),
+        Err(BindFailure::WrongCode { attempts_left: 2 })
+    );
+    assert_eq!(
+        state.try_bind(&OTHER, bad[1], now),
+        Err(BindFailure::WrongCode { attempts_left: 1 })
+    );
+    assert_eq!(
+        state.try_bind(&CP, bad[2], now),
+        Err(BindFailure::TooManyAttempts)
+    );
+    assert_eq!(
+        state.try_bind(&CP, CODE, now),
+        Err(BindFailure::NoPending),
+        "cleared"
+    );
     assert_eq!(state.status(now), MonitoringStatus::Off);
 }
 
@@ -96,13 +125,18 @@ fn success_binds_bumps_the_epoch_and_clears() {
     let now = Instant::now();
     let mut state = pending(None, now);
     let before = state.binding().epoch();
-    let binding = state.try_bind(&CP, CODE, now + Duration::from_secs(299)).unwrap();
+    let binding = state
+        .try_bind(&CP, CODE, now + Duration::from_secs(299))
+        .unwrap();
     assert_eq!(binding.controller(), Some(&CP));
     assert_eq!(binding.epoch(), before + 1);
     assert_eq!(state.binding(), binding);
     assert_eq!(state.status(now), MonitoringStatus::On);
     assert!(state.pending(now).is_none());
-    assert_eq!(state.try_bind(&OTHER, CODE, now), Err(BindFailure::NoPending));
+    assert_eq!(
+        state.try_bind(&OTHER, CODE, now),
+        Err(BindFailure::NoPending)
+    );
 }
 
 #[test]
@@ -125,7 +159,10 @@ fn a_new_pending_bind_replaces_the_old_one() {
     state.try_bind(&CP, "XXXXXXXXXX", now).unwrap_err();
     state.create_pending(BindCode::parse("2222222222").unwrap(), None, now);
     assert_eq!(state.pending(now).unwrap().attempts_left, BIND_MAX_ATTEMPTS);
-    assert_eq!(state.try_bind(&CP, CODE, now), Err(BindFailure::WrongCode { attempts_left: 2 }));
+    assert_eq!(
+        state.try_bind(&CP, CODE, now),
+        Err(BindFailure::WrongCode { attempts_left: 2 })
+    );
     assert!(state.cancel_pending());
     assert!(!state.cancel_pending());
 }
@@ -178,11 +215,32 @@ fn concurrent_wrong_codes_never_exceed_the_attempt_limit() {
             })
         })
         .collect();
-    let mut results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap().unwrap_err()).collect();
+    let mut results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap_err())
+        .collect();
     results.sort_by_key(|r| r.reason());
-    assert_eq!(results.iter().filter(|r| **r == BindFailure::TooManyAttempts).count(), 1);
-    assert_eq!(results.iter().filter(|r| **r == BindFailure::NoPending).count(), 3);
-    assert_eq!(results.iter().filter(|r| matches!(r, BindFailure::WrongCode { .. })).count(), 2);
+    assert_eq!(
+        results
+            .iter()
+            .filter(|r| **r == BindFailure::TooManyAttempts)
+            .count(),
+        1
+    );
+    assert_eq!(
+        results
+            .iter()
+            .filter(|r| **r == BindFailure::NoPending)
+            .count(),
+        3
+    );
+    assert_eq!(
+        results
+            .iter()
+            .filter(|r| matches!(r, BindFailure::WrongCode { .. }))
+            .count(),
+        2
+    );
     assert_eq!(shared.snapshot(), Binding::UNBOUND);
 }
 
@@ -207,10 +265,22 @@ fn failures_are_data_for_the_bind_failed_detail() {
         json(BindFailure::WrongCode { attempts_left: 2 }),
         serde_json::json!({"reason": "wrong_code", "attempts_left": 2})
     );
-    assert_eq!(json(BindFailure::NoPending), serde_json::json!({"reason": "no_pending"}));
-    assert_eq!(json(BindFailure::Expired), serde_json::json!({"reason": "expired"}));
-    assert_eq!(json(BindFailure::WrongSender), serde_json::json!({"reason": "wrong_sender"}));
-    assert_eq!(json(BindFailure::TooManyAttempts), serde_json::json!({"reason": "too_many_attempts"}));
+    assert_eq!(
+        json(BindFailure::NoPending),
+        serde_json::json!({"reason": "no_pending"})
+    );
+    assert_eq!(
+        json(BindFailure::Expired),
+        serde_json::json!({"reason": "expired"})
+    );
+    assert_eq!(
+        json(BindFailure::WrongSender),
+        serde_json::json!({"reason": "wrong_sender"})
+    );
+    assert_eq!(
+        json(BindFailure::TooManyAttempts),
+        serde_json::json!({"reason": "too_many_attempts"})
+    );
     for f in [
         BindFailure::NoPending,
         BindFailure::Expired,
@@ -222,7 +292,10 @@ fn failures_are_data_for_the_bind_failed_detail() {
         assert_eq!(serde_json::from_value::<BindFailure>(json(f)).unwrap(), f);
     }
     assert_eq!(BindFailure::CODE, "bind_failed");
-    assert_eq!(BindFailure::WrongCode { attempts_left: 2 }.to_string(), "wrong code, 2 attempt(s) left");
+    assert_eq!(
+        BindFailure::WrongCode { attempts_left: 2 }.to_string(),
+        "wrong code, 2 attempt(s) left"
+    );
 }
 
 struct Counter(u8);
@@ -258,7 +331,9 @@ impl RngCore for Broken {
         panic!("must use try_fill_bytes")
     }
     fn try_fill_bytes(&mut self, _: &mut [u8]) -> Result<(), rand_core::Error> {
-        Err(rand_core::Error::new("entropy source unavailable"))
+        Err(rand_core::Error::from(
+            std::num::NonZeroU32::new(rand_core::Error::CUSTOM_START).unwrap(),
+        ))
     }
 }
 impl CryptoRng for Broken {}
@@ -268,13 +343,20 @@ fn codes_come_from_the_rng_and_rng_failure_is_an_error() {
     let code = BindCode::generate(&mut Counter(0)).unwrap();
     // Bytes 1..=10 map to alphabet[1..=10].
     assert_eq!(code.expose(), &BIND_CODE_ALPHABET[1..=BIND_CODE_LEN]);
-    assert_eq!(BindCode::generate(&mut Broken).unwrap_err(), AuthzError::RngFailed);
+    assert_eq!(
+        BindCode::generate(&mut Broken).unwrap_err(),
+        AuthzError::RngFailed
+    );
 
     let a = BindCode::random().unwrap();
     let b = BindCode::random().unwrap();
     for c in [&a, &b] {
         assert_eq!(c.expose().len(), BIND_CODE_LEN);
-        assert!(c.expose().bytes().all(|x| BIND_CODE_ALPHABET.as_bytes().contains(&x)));
+        assert!(
+            c.expose()
+                .bytes()
+                .all(|x| BIND_CODE_ALPHABET.as_bytes().contains(&x))
+        );
         assert_eq!(BindCode::parse(c.expose()).unwrap().expose(), c.expose());
     }
     assert_ne!(a.expose(), b.expose(), "50 random bits");
@@ -284,8 +366,20 @@ fn codes_come_from_the_rng_and_rng_failure_is_an_error() {
 
 #[test]
 fn the_code_format_is_checked() {
-    for bad in ["", "K7M2Q9XW4", "K7M2Q9XW4PP", "k7m2q9xw4p", "K7M2Q9XW4O", "K7M2Q9XW41", "K7M2Q9XW4 "] {
-        assert_eq!(BindCode::parse(bad).unwrap_err(), AuthzError::MalformedCode, "{bad:?}");
+    for bad in [
+        "",
+        "K7M2Q9XW4",
+        "K7M2Q9XW4PP",
+        "k7m2q9xw4p",
+        "K7M2Q9XW4O",
+        "K7M2Q9XW41",
+        "K7M2Q9XW4 ",
+    ] {
+        assert_eq!(
+            BindCode::parse(bad).unwrap_err(),
+            AuthzError::MalformedCode,
+            "{bad:?}"
+        );
     }
     for c in ['0', '1', 'I', 'O'] {
         assert!(!BIND_CODE_ALPHABET.contains(c));

@@ -23,8 +23,16 @@ fn registry() -> Registry<&'static str> {
     )
     .capability(
         Capability::new("app.echo", Version::new(1, 0, 0))
-            .verb_spec(VerbSpec::request("say").class(DeclaredClass::Bootstrap).handler("say"))
-            .verb_spec(VerbSpec::request("reset").class(DeclaredClass::Controller).handler("reset")),
+            .verb_spec(
+                VerbSpec::request("say")
+                    .class(DeclaredClass::Bootstrap)
+                    .handler("say"),
+            )
+            .verb_spec(
+                VerbSpec::request("reset")
+                    .class(DeclaredClass::Controller)
+                    .handler("reset"),
+            ),
     )
     .build()
     .unwrap()
@@ -44,7 +52,12 @@ fn denied<H>(d: Decision<'_, H>) -> DenyReason {
 /// Every name variant of SECURITY.md's chokepoint list, for a declared pair.
 fn variants(cap: &str, verb: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    let mut both = |c: String, v: String| out.push((c, v));
+    let mut both = |c: String, v: String| {
+        // Some variants leave a name unchanged (no letter to swap): skip those.
+        if (c.as_str(), v.as_str()) != (cap, verb) {
+            out.push((c, v));
+        }
+    };
     both(cap.to_owned(), String::new()); // empty verb
     both(String::new(), verb.to_owned());
     both(String::new(), String::new());
@@ -77,7 +90,7 @@ fn variants(cap: &str, verb: &str) -> Vec<(String, String)> {
     both(cap.to_owned(), format!("{verb}*"));
     both(format!("{cap}*"), verb.to_owned());
     both(verb.to_owned(), cap.to_owned()); // swapped
-    assert!(out.iter().all(|(c, v)| (c.as_str(), v.as_str()) != (cap, verb)));
+    assert!(out.len() >= 25);
     out
 }
 
@@ -101,10 +114,22 @@ fn confusable(s: &str) -> String {
 #[test]
 fn classifies_declared_pairs() {
     let r = registry();
-    assert_eq!(control_auth_class(&r, "core.monitoring", "bind"), AuthClass::Bootstrap);
-    assert_eq!(control_auth_class(&r, "core.monitoring", "disable"), AuthClass::Controller);
-    assert_eq!(control_auth_class(&r, "app.echo", "say"), AuthClass::Bootstrap);
-    assert_eq!(control_auth_class(&r, "app.echo", "reset"), AuthClass::Controller);
+    assert_eq!(
+        control_auth_class(&r, "core.monitoring", "bind"),
+        AuthClass::Bootstrap
+    );
+    assert_eq!(
+        control_auth_class(&r, "core.monitoring", "disable"),
+        AuthClass::Controller
+    );
+    assert_eq!(
+        control_auth_class(&r, "app.echo", "say"),
+        AuthClass::Bootstrap
+    );
+    assert_eq!(
+        control_auth_class(&r, "app.echo", "reset"),
+        AuthClass::Controller
+    );
     assert_eq!(control_auth_class(&r, "app.echo", "nope"), AuthClass::Deny);
     assert_eq!(control_auth_class(&r, "app.nope", "say"), AuthClass::Deny);
 }
@@ -120,7 +145,11 @@ fn every_name_variant_is_denied_and_runs_nothing() {
         ("app.echo", "reset"),
     ] {
         for (c, v) in variants(cap, verb) {
-            assert_eq!(control_auth_class(&r, &c, &v), AuthClass::Deny, "{c:?}/{v:?}");
+            assert_eq!(
+                control_auth_class(&r, &c, &v),
+                AuthClass::Deny,
+                "{c:?}/{v:?}"
+            );
             // Even the bound control plane gets unknown_verb, not a permit.
             let reason = denied(decide(&r, &gate, &bound(), &CP, &c, &v));
             assert_eq!(reason.code_str(), "unknown_verb", "{c:?}/{v:?}");
@@ -133,11 +162,24 @@ fn unknown_names_explain_what_is_missing() {
     let r = registry();
     let gate = Gate::default();
     let reason = denied(decide(&r, &gate, &bound(), &CP, "app.nope", "say"));
-    assert_eq!(reason, DenyReason::UnknownVerb { why: Unlisted::UnknownCapability });
+    assert_eq!(
+        reason,
+        DenyReason::UnknownVerb {
+            why: Unlisted::UnknownCapability
+        }
+    );
     assert_eq!(reason.label(), "unknown_capability");
-    assert_eq!(reason.to_string(), "unknown verb: no capability with this exact id");
+    assert_eq!(
+        reason.to_string(),
+        "unknown verb: no capability with this exact id"
+    );
     let reason = denied(decide(&r, &gate, &bound(), &CP, "app.echo", "Say"));
-    assert_eq!(reason, DenyReason::UnknownVerb { why: Unlisted::UnknownVerb });
+    assert_eq!(
+        reason,
+        DenyReason::UnknownVerb {
+            why: Unlisted::UnknownVerb
+        }
+    );
     assert_eq!(reason.code_str(), "unknown_verb");
 }
 
@@ -164,19 +206,41 @@ fn bootstrap_verbs_are_allowed_to_any_peer() {
 fn controller_verbs_are_allowed_only_to_the_bound_control_plane() {
     let r = registry();
     let gate = Gate::default();
-    let permit = decide(&r, &gate, &bound(), &CP, "app.echo", "reset").into_result().unwrap();
+    let permit = decide(&r, &gate, &bound(), &CP, "app.echo", "reset")
+        .into_result()
+        .unwrap();
     assert_eq!(*permit.handler(), "reset");
     assert_eq!(permit.info().cap().as_str(), "app.echo");
     assert_eq!(permit.info().verb().as_str(), "reset");
     assert_eq!(permit.binding_epoch(), 5);
 
     let reason = denied(decide(&r, &gate, &bound(), &OTHER, "app.echo", "reset"));
-    assert_eq!(reason, DenyReason::Unauthorized { why: Unauthorized::NotController });
+    assert_eq!(
+        reason,
+        DenyReason::Unauthorized {
+            why: Unauthorized::NotController
+        }
+    );
     assert_eq!(reason.code_str(), "unauthorized");
 
-    let reason = denied(decide(&r, &gate, &Binding::UNBOUND, &CP, "app.echo", "reset"));
-    assert_eq!(reason, DenyReason::Unauthorized { why: Unauthorized::NotBound });
-    assert_eq!(reason.to_string(), "unauthorized: no control plane is bound");
+    let reason = denied(decide(
+        &r,
+        &gate,
+        &Binding::UNBOUND,
+        &CP,
+        "app.echo",
+        "reset",
+    ));
+    assert_eq!(
+        reason,
+        DenyReason::Unauthorized {
+            why: Unauthorized::NotBound
+        }
+    );
+    assert_eq!(
+        reason.to_string(),
+        "unauthorized: no control plane is bound"
+    );
 }
 
 #[test]
@@ -184,10 +248,32 @@ fn a_former_controller_is_refused_after_unbind() {
     let r = registry();
     let gate = Gate::default();
     let mut state = BindingState::restore(Some(CP));
-    assert!(decide(&r, &gate, &state.binding(), &CP, "core.monitoring", "disable").is_allowed());
+    assert!(
+        decide(
+            &r,
+            &gate,
+            &state.binding(),
+            &CP,
+            "core.monitoring",
+            "disable"
+        )
+        .is_allowed()
+    );
     assert_eq!(state.unbind(), Some(CP));
-    let reason = denied(decide(&r, &gate, &state.binding(), &CP, "core.monitoring", "disable"));
-    assert_eq!(reason, DenyReason::Unauthorized { why: Unauthorized::NotBound });
+    let reason = denied(decide(
+        &r,
+        &gate,
+        &state.binding(),
+        &CP,
+        "core.monitoring",
+        "disable",
+    ));
+    assert_eq!(
+        reason,
+        DenyReason::Unauthorized {
+            why: Unauthorized::NotBound
+        }
+    );
 }
 
 #[test]
@@ -210,15 +296,23 @@ fn a_queued_permit_is_rechecked_against_the_binding_at_execution() {
 
     // An unbind races the queued envelope: it must not run.
     state.unbind();
-    let changed = DenyReason::Unauthorized { why: Unauthorized::BindingChanged };
+    let changed = DenyReason::Unauthorized {
+        why: Unauthorized::BindingChanged,
+    };
     assert_eq!(permit.recheck(&state.binding()), Err(changed.clone()));
     assert_eq!(owned.recheck(&state.binding()), Err(changed.clone()));
     assert!(bootstrap.still_valid(&state.binding()));
 
     // Rebinding the same control plane is a new epoch: still not the
     // binding the permit was granted under.
-    state.create_pending(capwire_authz::BindCode::parse("2345678923").unwrap(), None, std::time::Instant::now());
-    state.try_bind(&CP, "2345678923", std::time::Instant::now()).unwrap();
+    state.create_pending(
+        capwire_authz::BindCode::parse("2345678923").unwrap(),
+        None,
+        std::time::Instant::now(),
+    );
+    state
+        .try_bind(&CP, "2345678923", std::time::Instant::now())
+        .unwrap();
     assert_eq!(permit.recheck(&state.binding()), Err(changed));
     assert_eq!(*owned.handler(), "reset");
     assert_eq!(owned.sender(), &CP);
@@ -260,7 +354,11 @@ fn an_unset_failing_or_panicking_authorizer_denies() {
     ];
     for (gate, why) in cases {
         let reason = denied(decide(&r, &gate, &bound(), &CP, "app.echo", "reset"));
-        assert_eq!(reason, DenyReason::Unauthorized { why: why.clone() }, "{gate:?}");
+        assert_eq!(
+            reason,
+            DenyReason::Unauthorized { why: why.clone() },
+            "{gate:?}"
+        );
         // Bootstrap verbs do not consult the authorizer.
         assert!(decide(&r, &gate, &bound(), &CP, "app.echo", "say").is_allowed());
     }
@@ -271,10 +369,34 @@ fn an_unset_failing_or_panicking_authorizer_denies() {
 fn an_authorizer_narrows_but_never_widens() {
     let r = registry();
     let permissive = Gate::new(Fixed(Ok(true)));
-    let reason = denied(decide(&r, &permissive, &bound(), &OTHER, "app.echo", "reset"));
-    assert_eq!(reason, DenyReason::Unauthorized { why: Unauthorized::NotController });
-    let reason = denied(decide(&r, &permissive, &Binding::UNBOUND, &OTHER, "app.echo", "reset"));
-    assert_eq!(reason, DenyReason::Unauthorized { why: Unauthorized::NotBound });
+    let reason = denied(decide(
+        &r,
+        &permissive,
+        &bound(),
+        &OTHER,
+        "app.echo",
+        "reset",
+    ));
+    assert_eq!(
+        reason,
+        DenyReason::Unauthorized {
+            why: Unauthorized::NotController
+        }
+    );
+    let reason = denied(decide(
+        &r,
+        &permissive,
+        &Binding::UNBOUND,
+        &OTHER,
+        "app.echo",
+        "reset",
+    ));
+    assert_eq!(
+        reason,
+        DenyReason::Unauthorized {
+            why: Unauthorized::NotBound
+        }
+    );
 
     let narrow = Gate::new(CoreOnly);
     assert!(decide(&r, &narrow, &bound(), &CP, "core.monitoring", "disable").is_allowed());

@@ -37,8 +37,16 @@ fn build(model: &Model) -> (Registry<String>, Model) {
     for (cap, verbs) in model {
         let mut c = Capability::new(cap.clone(), Version::new(1, 0, 0));
         for (verb, controller) in verbs {
-            let class = if *controller { DeclaredClass::Controller } else { DeclaredClass::Bootstrap };
-            c = c.verb_spec(VerbSpec::request(verb.clone()).class(class).handler(format!("{cap}/{verb}")));
+            let class = if *controller {
+                DeclaredClass::Controller
+            } else {
+                DeclaredClass::Bootstrap
+            };
+            c = c.verb_spec(
+                VerbSpec::request(verb.clone())
+                    .class(class)
+                    .handler(format!("{cap}/{verb}")),
+            );
         }
         builder = builder.capability(c);
     }
@@ -77,7 +85,14 @@ fn name() -> impl Strategy<Value = String> {
     ]
 }
 
-fn expected(model: &Model, binding: &Binding, sender: &NodeId, cap: &str, verb: &str, gate_set: bool) -> Option<bool> {
+fn expected(
+    model: &Model,
+    binding: &Binding,
+    sender: &NodeId,
+    cap: &str,
+    verb: &str,
+    gate_set: bool,
+) -> Option<bool> {
     // None: unknown; Some(allowed)
     let controller = *model.get(cap)?.get(verb)?;
     Some(!controller || (gate_set && binding.controller() == Some(sender)))

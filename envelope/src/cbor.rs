@@ -497,8 +497,8 @@ mod tests {
         // Integer 1 and text "1" are different keys.
         validate(&[0xa2, 0x01, 0x00, 0x61, b'1', 0x00]).unwrap();
         // A large map takes the sorting path.
-        let mut big = vec![0xb8, 40];
-        for i in 0..40u8 {
+        let mut big = vec![0xb4];
+        for i in 0..20u8 {
             write_uint(&mut big, u64::from(i));
             big.push(0xf6);
         }

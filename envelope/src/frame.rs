@@ -263,7 +263,7 @@ impl HelloRef<'_> {
 
 /// A received control envelope, borrowing from the record. Its `args` are
 /// validated but not decoded, so authorization can run first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlRef<'a> {
     /// The capability named by the peer: any text of up to
     /// [`MAX_NAME_LEN`] bytes, not necessarily a valid [`CapId`].
@@ -1190,7 +1190,7 @@ mod tests {
         let mut out = Vec::new();
         let id = ReqId::from_u64(1);
         assert!(matches!(
-            encode_control(&mut out, "app.x", "y", &id, None, &[0x82, 0x01]),
+            encode_control(&mut out, "app.x", "y", &id, None, &[0x19, 0x01]),
             Err(EncodeError::Profile(DecodeError::Truncated { .. }))
         ));
         assert!(matches!(

@@ -8,9 +8,9 @@ use semver::Version;
 use serde::{Deserialize, Serialize};
 
 use crate::class::{DeclaredClass, VerbKind};
+use crate::error::ManifestError;
 use crate::registry::Registry;
 use crate::requirement::CapRequirement;
-use crate::error::ManifestError;
 
 /// Whether a node is watched by a control plane.
 ///
@@ -165,7 +165,11 @@ impl ManifestTracker {
 
     /// Starts at the given epoch, e.g. one past the last epoch persisted
     /// before a restart.
-    pub fn starting_at<H>(registry: &Registry<H>, monitoring: MonitoringStatus, epoch: u64) -> Self {
+    pub fn starting_at<H>(
+        registry: &Registry<H>,
+        monitoring: MonitoringStatus,
+        epoch: u64,
+    ) -> Self {
         Self {
             current: registry.manifest(monitoring, epoch),
         }

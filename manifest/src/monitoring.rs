@@ -1,9 +1,11 @@
 //! `core.monitoring`: the capability every node has.
 
+use capwire_envelope::RawValue;
 use schemars::JsonSchema;
 use semver::Version;
 use serde::{Deserialize, Serialize};
 
+use crate::manifest::Manifest;
 use crate::verb;
 
 /// The id of the monitoring capability.
@@ -22,6 +24,25 @@ pub struct BindArgs {
     pub code: String,
 }
 
+/// Result of a successful `core.monitoring/bind`: what the control plane
+/// needs to start watching the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BindReply {
+    /// The node's manifest, as it is after the bind (monitoring `on`).
+    pub manifest: Manifest,
+    /// The node's cluster roster, as `core.cluster/list` returns its
+    /// members (an array).
+    #[schemars(with = "serde_json::Value")]
+    pub members: RawValue,
+    /// The node's configuration, as `core.configuration/get_config`
+    /// returns it (opaque; `null` when unset).
+    #[schemars(with = "serde_json::Value")]
+    pub config: RawValue,
+    /// The roster version the members belong to.
+    pub version: u64,
+}
+
 /// An empty args map, for verbs that take no arguments.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -30,7 +51,7 @@ pub struct NoArgs {}
 verb! {
     /// `core.monitoring/bind` (bootstrap): the bind ceremony. Any contact may
     /// try; the node's pending bind decides.
-    pub struct MonitoringBind: request "core.monitoring" / "bind", Bootstrap, BindArgs => ();
+    pub struct MonitoringBind: request "core.monitoring" / "bind", Bootstrap, BindArgs => BindReply;
 }
 
 verb! {

@@ -5,7 +5,9 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use capwire_envelope::{CapId, Namespace, NodeId, Verb};
+use std::ops::Range;
+
+use capwire_envelope::{CapId, MAX_CAP_ID_LEN, MAX_VERB_LEN, Namespace, NodeId, Verb};
 use semver::Version;
 
 use crate::class::{DeclaredClass, VerbKind};
@@ -118,6 +120,7 @@ impl VerbInfo {
 
 /// A dispatch route: a verb's metadata and its handler.
 pub struct Route<H> {
+    class: DeclaredClass,
     info: Arc<VerbInfo>,
     handler: H,
 }
@@ -126,6 +129,12 @@ impl<H> Route<H> {
     /// The verb's metadata.
     pub fn info(&self) -> &Arc<VerbInfo> {
         &self.info
+    }
+
+    /// The declared auth class (the same as `info().class()`, without the
+    /// indirection).
+    pub fn class(&self) -> DeclaredClass {
+        self.class
     }
 
     /// The handler, without any authorization.
@@ -140,15 +149,45 @@ impl<H> Route<H> {
 
 impl<H> fmt::Debug for Route<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Route").field("info", &self.info).finish_non_exhaustive()
+        f.debug_struct("Route")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
     }
 }
 
-struct CapEntry<H> {
+struct CapEntry {
     id: CapId,
     version: Version,
     params: Option<String>,
-    routes: Box<[Route<H>]>,
+    routes: Range<usize>,
+}
+
+/// The lookup tables' hasher: fast, and seeded per process. The tables are
+/// built once from the node's own declarations and never grow from peer
+/// input, so peer-chosen keys can only be looked up, never inserted: no
+/// input can lengthen a probe sequence.
+type FastState = foldhash::fast::RandomState;
+
+/// Longest lookup key: a capability id, one separator byte, a verb.
+const KEY_LEN: usize = MAX_CAP_ID_LEN + 1 + MAX_VERB_LEN;
+/// Separates cap and verb in a lookup key. It never occurs in UTF-8 text,
+/// so `cap ++ [SEP] ++ verb` is unambiguous for any pair of strings.
+const SEP: u8 = 0xff;
+
+/// Writes the lookup key of `cap`/`verb` into `buf`; `None` when either is
+/// longer than any declared name can be.
+fn route_key<'b>(buf: &'b mut [u8; KEY_LEN], cap: &str, verb: &str) -> Option<&'b [u8]> {
+    let (cap, verb) = (cap.as_bytes(), verb.as_bytes());
+    if cap.len() > MAX_CAP_ID_LEN || verb.len() > MAX_VERB_LEN {
+        return None;
+    }
+    let len = cap.len() + 1 + verb.len();
+    let (head, tail) = buf.split_at_mut(cap.len());
+    head.copy_from_slice(cap);
+    let (sep, rest) = tail.split_first_mut()?;
+    *sep = SEP;
+    rest.get_mut(..verb.len())?.copy_from_slice(verb);
+    buf.get(..len)
 }
 
 /// The immutable table of a node's capabilities and verbs.
@@ -161,8 +200,10 @@ struct CapEntry<H> {
 /// `H` is the runtime's handler type; this crate never calls it.
 pub struct Registry<H> {
     info: NodeInfo,
-    caps: Box<[CapEntry<H>]>,
-    index: HashMap<Box<str>, usize>,
+    caps: Box<[CapEntry]>,
+    routes: Box<[Route<H>]>,
+    cap_index: HashMap<Box<str>, usize, FastState>,
+    route_index: HashMap<Box<[u8]>, usize, FastState>,
 }
 
 impl<H> Registry<H> {
@@ -176,20 +217,17 @@ impl<H> Registry<H> {
     }
 
     /// The route of `cap`/`verb`, matched as exact bytes: no case folding,
-    /// trimming, prefix or unicode normalisation. Any string is accepted;
-    /// an undeclared pair is `None`. Does not allocate.
+    /// trimming, prefix or unicode normalisation. Any strings are accepted;
+    /// an undeclared pair is `None`. One hash lookup; does not allocate.
     pub fn lookup(&self, cap: &str, verb: &str) -> Option<&Route<H>> {
-        let entry = self.caps.get(*self.index.get(cap)?)?;
-        let at = entry
-            .routes
-            .binary_search_by(|r| r.info.verb.as_str().cmp(verb))
-            .ok()?;
-        entry.routes.get(at)
+        let mut buf = [0u8; KEY_LEN];
+        let key = route_key(&mut buf, cap, verb)?;
+        self.routes.get(*self.route_index.get(key)?)
     }
 
     /// `true` when a capability has exactly this id. Does not allocate.
     pub fn has_capability(&self, cap: &str) -> bool {
-        self.index.contains_key(cap)
+        self.cap_index.contains_key(cap)
     }
 
     /// Who this node is.
@@ -199,17 +237,17 @@ impl<H> Registry<H> {
 
     /// Every route, by capability id then verb name.
     pub fn routes(&self) -> impl Iterator<Item = &Route<H>> {
-        self.caps.iter().flat_map(|c| c.routes.iter())
+        self.routes.iter()
     }
 
     /// The number of (cap, verb) routes.
     pub fn len(&self) -> usize {
-        self.caps.iter().map(|c| c.routes.len()).sum()
+        self.routes.len()
     }
 
     /// Always `false`: `core.monitoring` is always present.
     pub fn is_empty(&self) -> bool {
-        self.caps.is_empty()
+        self.routes.is_empty()
     }
 
     /// The manifest for this registry, with the given monitoring status and
@@ -229,8 +267,10 @@ impl<H> Registry<H> {
                     id: c.id.clone(),
                     version: c.version.clone(),
                     params: c.params.clone(),
-                    verbs: c
+                    verbs: self
                         .routes
+                        .get(c.routes.clone())
+                        .unwrap_or_default()
                         .iter()
                         .map(|r| VerbManifest {
                             name: r.info.verb.clone(),
@@ -272,7 +312,10 @@ impl<H> fmt::Debug for RegistryBuilder<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistryBuilder")
             .field("info", &self.info)
-            .field("capabilities", &self.caps.iter().map(|(_, c)| c.id()).collect::<Vec<_>>())
+            .field(
+                "capabilities",
+                &self.caps.iter().map(|(_, c)| c.id()).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -320,22 +363,39 @@ impl<H> RegistryBuilder<H> {
         let mut seen = HashSet::new();
         let mut entries = Vec::with_capacity(caps.len() + 1);
         for (origin, cap) in std::iter::once((Origin::Core, core_monitoring)).chain(caps) {
-            let entry = check_capability(origin, cap)?;
+            let (entry, routes) = check_capability(origin, cap)?;
             if !seen.insert(entry.id.clone()) {
                 return Err(ManifestError::DuplicateCapability { cap: entry.id });
             }
-            entries.push(entry);
+            entries.push((entry, routes));
         }
-        entries.sort_by(|a, b| a.id.cmp(&b.id));
-        let index = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (Box::<str>::from(e.id.as_str()), i))
-            .collect();
+        entries.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+
+        let mut caps = Vec::with_capacity(entries.len());
+        let mut routes = Vec::new();
+        let mut cap_index = HashMap::with_capacity_and_hasher(entries.len(), FastState::default());
+        let mut route_index = HashMap::with_hasher(FastState::default());
+        for (mut entry, cap_routes) in entries {
+            let start = routes.len();
+            for route in cap_routes {
+                let mut buf = [0u8; KEY_LEN];
+                // Declared names are within the length bounds, so a key exists.
+                if let Some(key) = route_key(&mut buf, entry.id.as_str(), route.info.verb.as_str())
+                {
+                    route_index.insert(Box::from(key), routes.len());
+                }
+                routes.push(route);
+            }
+            entry.routes = start..routes.len();
+            cap_index.insert(Box::from(entry.id.as_str()), caps.len());
+            caps.push(entry);
+        }
         Ok(Registry {
             info,
-            caps: entries.into_boxed_slice(),
-            index,
+            caps: caps.into_boxed_slice(),
+            routes: routes.into_boxed_slice(),
+            cap_index,
+            route_index,
         })
     }
 }
@@ -351,7 +411,10 @@ fn check_len(field: &'static str, value: &str, max: usize) -> Result<(), Manifes
     Ok(())
 }
 
-fn check_capability<H>(origin: Origin, cap: Capability<H>) -> Result<CapEntry<H>, ManifestError> {
+fn check_capability<H>(
+    origin: Origin,
+    cap: Capability<H>,
+) -> Result<(CapEntry, Vec<Route<H>>), ManifestError> {
     let id = CapId::try_from(cap.id.as_str()).map_err(|source| ManifestError::InvalidCapId {
         cap: cap.id.clone(),
         source,
@@ -379,12 +442,15 @@ fn check_capability<H>(origin: Origin, cap: Capability<H>) -> Result<CapEntry<H>
         routes.push(route);
     }
     routes.sort_by(|a, b| a.info.verb.cmp(&b.info.verb));
-    Ok(CapEntry {
-        id,
-        version: cap.version,
-        params: cap.params,
-        routes: routes.into_boxed_slice(),
-    })
+    Ok((
+        CapEntry {
+            id,
+            version: cap.version,
+            params: cap.params,
+            routes: 0..0,
+        },
+        routes,
+    ))
 }
 
 fn check_verb<H>(cap: &CapId, spec: VerbSpec<H>) -> Result<Route<H>, ManifestError> {
@@ -429,6 +495,7 @@ fn check_verb<H>(cap: &CapId, spec: VerbSpec<H>) -> Result<Route<H>, ManifestErr
         }
     }
     Ok(Route {
+        class,
         info: Arc::new(VerbInfo {
             cap: cap.clone(),
             verb,

@@ -48,7 +48,10 @@ impl CapRequirement {
     /// # Errors
     /// [`ManifestError::VersionUnsatisfied`] when the manifest does not offer
     /// the capability (`found: None`) or offers a version outside the range.
-    pub fn check<'m>(&self, manifest: &'m Manifest) -> Result<&'m CapabilityManifest, ManifestError> {
+    pub fn check<'m>(
+        &self,
+        manifest: &'m Manifest,
+    ) -> Result<&'m CapabilityManifest, ManifestError> {
         match manifest.capability(self.cap.as_str()) {
             Some(cap) if self.req.matches(&cap.version) => Ok(cap),
             found => Err(ManifestError::VersionUnsatisfied {

@@ -216,8 +216,18 @@ mod tests {
             assert!(cap_id_is_well_formed(ok), "{ok}");
         }
         for bad in [
-            "", "core", "app.", "app..x", ".app.x", "app.x.", "App.x", "app.9x", "app.x y",
-            "app.x\0", "app.x/../y", "app.é",
+            "",
+            "core",
+            "app.",
+            "app..x",
+            ".app.x",
+            "app.x.",
+            "App.x",
+            "app.9x",
+            "app.x y",
+            "app.x\0",
+            "app.x/../y",
+            "app.é",
         ] {
             assert!(!cap_id_is_well_formed(bad), "{bad:?}");
         }
@@ -225,6 +235,8 @@ mod tests {
         assert!(!cap_id_is_well_formed(&long));
         assert!(verb_is_well_formed("bind"));
         assert!(!verb_is_well_formed(""));
-        assert!(!verb_is_well_formed(&"a".repeat(capwire_envelope::MAX_VERB_LEN + 1)));
+        assert!(!verb_is_well_formed(
+            &"a".repeat(capwire_envelope::MAX_VERB_LEN + 1)
+        ));
     }
 }

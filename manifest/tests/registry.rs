@@ -70,8 +70,19 @@ fn build_err(b: RegistryBuilder<&'static str>) -> ManifestError {
 
 #[test]
 fn refuses_malformed_cap_ids() {
-    for bad in ["app.Echo", "other.echo", "app.x/../y", "app", "", " app.echo", "app.echo\0"] {
-        let err = build_err(builder().capability(Capability::new(bad, Version::new(1, 0, 0)).verb_spec(untyped("v"))));
+    for bad in [
+        "app.Echo",
+        "other.echo",
+        "app.x/../y",
+        "app",
+        "",
+        " app.echo",
+        "app.echo\0",
+    ] {
+        let err = build_err(
+            builder()
+                .capability(Capability::new(bad, Version::new(1, 0, 0)).verb_spec(untyped("v"))),
+        );
         assert!(
             matches!(&err, ManifestError::InvalidCapId { cap, .. } if cap == bad),
             "{bad:?}: {err}"
@@ -81,8 +92,13 @@ fn refuses_malformed_cap_ids() {
 
 #[test]
 fn refuses_an_app_under_core() {
-    let err = build_err(builder().capability(Capability::new("core.sneaky", Version::new(1, 0, 0)).verb_spec(untyped("v"))));
-    assert!(matches!(&err, ManifestError::ReservedNamespace { cap } if cap.as_str() == "core.sneaky"));
+    let err =
+        build_err(builder().capability(
+            Capability::new("core.sneaky", Version::new(1, 0, 0)).verb_spec(untyped("v")),
+        ));
+    assert!(
+        matches!(&err, ManifestError::ReservedNamespace { cap } if cap.as_str() == "core.sneaky")
+    );
     assert!(err.to_string().contains("reserved"));
 }
 
@@ -99,13 +115,17 @@ fn refuses_duplicate_capabilities() {
             .capability(echo().verb::<Say>("say"))
             .capability(echo().verb::<Reset>("reset")),
     );
-    assert!(matches!(&err, ManifestError::DuplicateCapability { cap } if cap.as_str() == "app.echo"));
+    assert!(
+        matches!(&err, ManifestError::DuplicateCapability { cap } if cap.as_str() == "app.echo")
+    );
 
     // core.monitoring is the builder's own; nobody may declare it again.
     let err = build_err(builder().core_capability(
         Capability::new(CORE_MONITORING, Version::new(9, 0, 0)).verb_spec(untyped("bind")),
     ));
-    assert!(matches!(&err, ManifestError::DuplicateCapability { cap } if cap.as_str() == CORE_MONITORING));
+    assert!(
+        matches!(&err, ManifestError::DuplicateCapability { cap } if cap.as_str() == CORE_MONITORING)
+    );
 }
 
 #[test]
@@ -121,7 +141,8 @@ fn refuses_duplicate_verbs() {
 
 #[test]
 fn refuses_a_verb_without_auth_class() {
-    let err = build_err(builder().capability(echo().verb_spec(VerbSpec::request("say").handler("h"))));
+    let err =
+        build_err(builder().capability(echo().verb_spec(VerbSpec::request("say").handler("h"))));
     assert!(matches!(
         &err,
         ManifestError::MissingAuthClass { cap, verb } if cap.as_str() == "app.echo" && verb.as_str() == "say"
@@ -135,10 +156,14 @@ fn refuses_a_notification_with_a_result() {
         .result_schema(&serde_json::json!({"type": "string"}))
         .handler("h");
     let err = build_err(builder().capability(echo().verb_spec(spec)));
-    assert!(matches!(&err, ManifestError::NotificationWithResult { verb, .. } if verb.as_str() == "log"));
+    assert!(
+        matches!(&err, ManifestError::NotificationWithResult { verb, .. } if verb.as_str() == "log")
+    );
 
     let err = build_err(builder().capability(echo().verb::<BadNotification>("h")));
-    assert!(matches!(&err, ManifestError::NotificationWithResult { verb, .. } if verb.as_str() == "bad"));
+    assert!(
+        matches!(&err, ManifestError::NotificationWithResult { verb, .. } if verb.as_str() == "bad")
+    );
 }
 
 #[test]
@@ -151,7 +176,9 @@ fn refuses_a_verb_without_handler() {
 #[test]
 fn refuses_a_supported_capability_without_handler() {
     let err = build_err(builder().capability(echo()));
-    assert!(matches!(&err, ManifestError::CapabilityWithoutHandler { cap } if cap.as_str() == "app.echo"));
+    assert!(
+        matches!(&err, ManifestError::CapabilityWithoutHandler { cap } if cap.as_str() == "app.echo")
+    );
 }
 
 #[test]
@@ -167,9 +194,10 @@ fn refuses_malformed_verbs() {
 
 #[test]
 fn refuses_a_typed_verb_in_another_capability() {
-    let err = build_err(builder().capability(
-        Capability::new("app.other", Version::new(1, 0, 0)).verb::<Say>("say"),
-    ));
+    let err = build_err(
+        builder()
+            .capability(Capability::new("app.other", Version::new(1, 0, 0)).verb::<Say>("say")),
+    );
     assert!(matches!(
         &err,
         ManifestError::VerbInWrongCapability { cap, declared: "app.echo", .. } if cap.as_str() == "app.other"
@@ -180,10 +208,22 @@ fn refuses_a_typed_verb_in_another_capability() {
 fn refuses_oversized_fields() {
     let info = NodeInfo::new(NodeId::from_bytes([1; 32]), "a")
         .with_description("x".repeat(MAX_DESCRIPTION_LEN + 1));
-    let err = Registry::builder(info, MonitoringHandlers { bind: (), disable: () })
-        .build()
-        .unwrap_err();
-    assert!(matches!(err, ManifestError::FieldTooLong { field: "description", .. }));
+    let err = Registry::builder(
+        info,
+        MonitoringHandlers {
+            bind: (),
+            disable: (),
+        },
+    )
+    .build()
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        ManifestError::FieldTooLong {
+            field: "description",
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -203,7 +243,15 @@ fn core_monitoring_is_always_present() {
     let monitoring = manifest.capability(CORE_MONITORING).unwrap();
     let names: Vec<_> = monitoring.verbs.iter().map(|v| v.name.as_str()).collect();
     assert_eq!(names, ["bind", "disable"]);
-    assert!(monitoring.verb("bind").unwrap().args_schema.as_deref().unwrap().contains("code"));
+    assert!(
+        monitoring
+            .verb("bind")
+            .unwrap()
+            .args_schema
+            .as_deref()
+            .unwrap()
+            .contains("code")
+    );
 }
 
 #[test]
@@ -212,7 +260,13 @@ fn lookup_matches_exact_bytes_only() {
         .capability(echo().verb::<Say>("say").verb::<Reset>("reset"))
         .build()
         .unwrap();
-    assert_eq!(*registry.lookup("app.echo", "say").unwrap().dangerous_handler(), "say");
+    assert_eq!(
+        *registry
+            .lookup("app.echo", "say")
+            .unwrap()
+            .dangerous_handler(),
+        "say"
+    );
     for (cap, verb) in [
         ("app.echo", "Say"),
         ("app.echo", "say "),
@@ -267,9 +321,11 @@ fn the_manifest_reflects_the_declarations() {
     let say = echo.verb("say").unwrap();
     assert_eq!(say.kind, VerbKind::Request);
     assert_eq!(say.class, DeclaredClass::Bootstrap);
-    let args: serde_json::Value = serde_json::from_str(say.args_schema.as_deref().unwrap()).unwrap();
+    let args: serde_json::Value =
+        serde_json::from_str(say.args_schema.as_deref().unwrap()).unwrap();
     assert_eq!(args["properties"]["text"]["type"], "string");
-    let result: serde_json::Value = serde_json::from_str(say.result_schema.as_deref().unwrap()).unwrap();
+    let result: serde_json::Value =
+        serde_json::from_str(say.result_schema.as_deref().unwrap()).unwrap();
     assert_eq!(result["type"], "string");
 
     let log = echo.verb("log").unwrap();
@@ -281,12 +337,18 @@ fn the_manifest_reflects_the_declarations() {
     assert!(raw.args_schema.is_none() && raw.result_schema.is_none());
 
     assert_eq!(echo.verb("reset").unwrap().class, DeclaredClass::Controller);
-    assert_eq!(AuthClass::from(DeclaredClass::Controller), AuthClass::Controller);
+    assert_eq!(
+        AuthClass::from(DeclaredClass::Controller),
+        AuthClass::Controller
+    );
 }
 
 #[test]
 fn the_manifest_round_trips_through_serde() {
-    let registry = builder().capability(echo().verb::<Say>("say")).build().unwrap();
+    let registry = builder()
+        .capability(echo().verb::<Say>("say"))
+        .build()
+        .unwrap();
     let m = registry.manifest(MonitoringStatus::On, 3);
     let json = serde_json::to_string(&m).unwrap();
     assert!(json.contains("\"monitoring\":\"on\""));

@@ -17,8 +17,11 @@ fn registry(extra: Option<Version>) -> Registry<()> {
     );
     if let Some(v) = extra {
         b = b.capability(
-            Capability::new("app.echo", v)
-                .verb_spec(VerbSpec::request("say").class(DeclaredClass::Bootstrap).handler(())),
+            Capability::new("app.echo", v).verb_spec(
+                VerbSpec::request("say")
+                    .class(DeclaredClass::Bootstrap)
+                    .handler(()),
+            ),
         );
     }
     b.build().unwrap()
@@ -64,9 +67,20 @@ fn requirements_parse() {
     let range: CapRequirement = "app.echo@>=1.0, <3".parse().unwrap();
     assert!(range.req().matches(&Version::new(2, 9, 0)));
 
-    for bad in ["", "@^1", "app.Echo@^1", "app.echo@", "app.echo@ ", "app.echo@not-a-range", "app.echo@^1@2"] {
+    for bad in [
+        "",
+        "@^1",
+        "app.Echo@^1",
+        "app.echo@",
+        "app.echo@ ",
+        "app.echo@not-a-range",
+        "app.echo@^1@2",
+    ] {
         let err = bad.parse::<CapRequirement>().unwrap_err();
-        assert!(matches!(&err, ManifestError::BadRequirement { input, .. } if input == bad), "{bad:?}");
+        assert!(
+            matches!(&err, ManifestError::BadRequirement { input, .. } if input == bad),
+            "{bad:?}"
+        );
     }
 }
 
@@ -87,11 +101,17 @@ fn requirements_are_matched_against_a_manifest() {
         }
     );
     assert_eq!(err.code(), Some("version_unsatisfied"));
-    assert_eq!(err.to_string(), "app.echo@^2 is required, but the peer offers 1.4.0");
+    assert_eq!(
+        err.to_string(),
+        "app.echo@^2 is required, but the peer offers 1.4.0"
+    );
 
     let missing: CapRequirement = "app.other@^1".parse().unwrap();
     let err = m.require(&missing).unwrap_err();
-    assert!(matches!(err, ManifestError::VersionUnsatisfied { found: None, .. }));
+    assert!(matches!(
+        err,
+        ManifestError::VersionUnsatisfied { found: None, .. }
+    ));
     assert!(err.to_string().ends_with("the peer does not offer it"));
 
     // Prereleases only match ranges that name them (semver rules).

@@ -496,6 +496,7 @@ mod tests {
             let mut ss = SymmetricState::initialize(PROTOCOL_NAME.as_bytes());
             ss.mix_hash(PROLOGUE);
             ss.mix_hash(&m1);
+            ss.mix_hash(&[]);
             let mut m2 = point.to_vec();
             ss.mix_hash(&point);
             ss.mix_key(&low_order_dh());
@@ -529,6 +530,7 @@ mod tests {
             let mut ss = SymmetricState::initialize(PROTOCOL_NAME.as_bytes());
             ss.mix_hash(PROLOGUE);
             ss.mix_hash(&m1);
+            ss.mix_hash(&[]);
             let mut m2 = e_pub.to_vec();
             ss.mix_hash(&e_pub);
             ss.mix_key(e.diffie_hellman(&PublicKey::from(key(&m1))).as_bytes());

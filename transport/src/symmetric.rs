@@ -82,6 +82,7 @@ impl CipherState {
 
     /// Moves the counter to `n` if that is ahead of it (never backwards, so
     /// no nonce can be reused).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(crate) fn advance_nonce(&mut self, n: u64) {
         self.n = self.n.max(n);
     }

@@ -1,0 +1,587 @@
+//! An established session driven by two tokio tasks.
+//!
+//! ```text
+//!  RecordSender::send ─► bounded queue ─► writer task: pack records into
+//!  (cloneable)                             Noise messages, seal, write;
+//!                                          keepalive when idle
+//!  RecordReceiver::recv ◄─ bounded queue ◄─ reader task: read, open,
+//!                                          reassemble; idle deadline
+//! ```
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use capwire_envelope::NodeId;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::debug;
+
+use crate::config::TransportConfig;
+use crate::error::TransportError;
+use crate::record::{CloseCode, CloseReason, RecordDecoder, RecordEncoder};
+use crate::session::TransportSession;
+
+/// Most commands the writer takes from its queue in one go.
+const BATCH: usize = 1024;
+/// The writer writes once this much is packed, even if more is queued.
+const FLUSH_BYTES: usize = 256 * 1024;
+/// The reader makes room for this much before each read.
+const READ_RESERVE: usize = 128 * 1024;
+/// It does so when less than this is free.
+const READ_LOW_WATER: usize = 32 * 1024;
+/// How long a shutting-down endpoint tries to deliver its close record.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// How a connection ended.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConnectionEnd {
+    /// Closed on this side: `close`, every handle dropped, or endpoint
+    /// shutdown.
+    ClosedLocally,
+    /// The peer sent a close record.
+    ClosedByPeer(CloseReason),
+    /// An error ended it.
+    Failed(TransportError),
+}
+
+enum End {
+    Local,
+    Peer(CloseReason),
+    Failed(TransportError),
+}
+
+struct Shared {
+    remote: NodeId,
+    handshake_hash: [u8; 32],
+    max_record_size: usize,
+    /// This connection.
+    cancel: CancellationToken,
+    /// The endpoint's (parent of `cancel`).
+    shutdown: CancellationToken,
+    end: OnceLock<End>,
+}
+
+impl Shared {
+    /// Records how the connection ended (the first report wins) and stops
+    /// both tasks.
+    fn finish(&self, end: End) {
+        if self.end.set(end).is_ok() {
+            match self.end.get() {
+                Some(End::Failed(e)) => debug!(remote = %self.remote, error = %e, "connection failed"),
+                Some(End::Peer(r)) => debug!(remote = %self.remote, code = ?r.code, "closed by peer"),
+                _ => debug!(remote = %self.remote, "closed locally"),
+            }
+        }
+        self.cancel.cancel();
+    }
+
+    /// The error an operation on the ended connection reports.
+    fn end_error(&self) -> TransportError {
+        match self.end.get() {
+            Some(End::Failed(e)) => e.duplicate(),
+            Some(End::Peer(r)) if r.code == CloseCode::Denied => TransportError::DeniedByPeer,
+            _ => TransportError::Closed,
+        }
+    }
+
+    fn end_state(&self) -> ConnectionEnd {
+        match self.end.get() {
+            Some(End::Failed(e)) => ConnectionEnd::Failed(e.duplicate()),
+            Some(End::Peer(r)) => ConnectionEnd::ClosedByPeer(r.clone()),
+            Some(End::Local) | None => ConnectionEnd::ClosedLocally,
+        }
+    }
+}
+
+enum Command {
+    Record(Bytes),
+    Close(CloseCode, String),
+}
+
+/// An established, authenticated connection. Use it directly, or
+/// [`split`](Self::split) it into a cloneable [`RecordSender`] and a
+/// [`RecordReceiver`]. Dropping every handle closes the connection with a
+/// close record after the queued records.
+#[derive(Debug)]
+pub struct Connection {
+    sender: RecordSender,
+    receiver: RecordReceiver,
+}
+
+/// The sending side of a connection. Cheap to clone.
+#[derive(Clone)]
+pub struct RecordSender {
+    tx: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+}
+
+/// The receiving side of a connection.
+pub struct RecordReceiver {
+    rx: mpsc::Receiver<Vec<Bytes>>,
+    pending: std::vec::IntoIter<Bytes>,
+    shared: Arc<Shared>,
+    // Keeps the writer running (for keepalives and the final close record)
+    // while only the receiver is left.
+    _hold: mpsc::Sender<Command>,
+}
+
+impl Connection {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start<S>(
+        stream: S,
+        session: TransportSession,
+        leftover: BytesMut,
+        config: &TransportConfig,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Self
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let shared = Arc::new(Shared {
+            remote: session.remote(),
+            handshake_hash: session.handshake_hash(),
+            max_record_size: config.max_record_size,
+            cancel: shutdown.child_token(),
+            shutdown: shutdown.clone(),
+            end: OnceLock::new(),
+        });
+        let (sealer, opener) = session.split();
+        #[allow(unused_mut)]
+        let mut encoder =
+            RecordEncoder::new(sealer, config.max_record_size, config.rekey_after_messages);
+        #[allow(unused_mut)]
+        let mut decoder = RecordDecoder::new(opener, config.max_record_size);
+        #[cfg(feature = "test-hooks")]
+        {
+            encoder.advance_nonce_for_testing(config.start_nonce_for_testing);
+            decoder.advance_nonce_for_testing(config.start_nonce_for_testing);
+        }
+        let (tx, rx) = mpsc::channel(config.send_queue_depth);
+        let (in_tx, in_rx) = mpsc::channel(config.recv_queue_depth);
+        let (read_half, write_half) = tokio::io::split(stream);
+        tracker.spawn(write_task(
+            write_half,
+            encoder,
+            rx,
+            shared.clone(),
+            config.keepalive_interval,
+        ));
+        tracker.spawn(read_task(
+            read_half,
+            decoder,
+            leftover,
+            in_tx,
+            shared.clone(),
+            config.idle_timeout,
+        ));
+        Self {
+            sender: RecordSender {
+                tx: tx.clone(),
+                shared: shared.clone(),
+            },
+            receiver: RecordReceiver {
+                rx: in_rx,
+                pending: Vec::new().into_iter(),
+                shared,
+                _hold: tx,
+            },
+        }
+    }
+
+    /// The peer's identity: its static key, proven by the handshake, in
+    /// canonical form.
+    pub fn remote(&self) -> NodeId {
+        self.sender.remote()
+    }
+
+    /// The Noise handshake hash, identical on both sides (channel binding).
+    pub fn handshake_hash(&self) -> [u8; 32] {
+        self.sender.shared.handshake_hash
+    }
+
+    /// Queues a record; see [`RecordSender::send`].
+    ///
+    /// # Errors
+    /// As [`RecordSender::send`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if the future is dropped before it completes, the
+    /// record was not queued.
+    pub async fn send(&self, record: impl Into<Bytes>) -> Result<(), TransportError> {
+        self.sender.send(record).await
+    }
+
+    /// Receives the next record; see [`RecordReceiver::recv`].
+    ///
+    /// # Errors
+    /// As [`RecordReceiver::recv`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: no record is lost if the future is dropped.
+    pub async fn recv(&mut self) -> Result<Option<Bytes>, TransportError> {
+        self.receiver.recv().await
+    }
+
+    /// Closes the connection; see [`RecordSender::close`].
+    ///
+    /// # Errors
+    /// As [`RecordSender::close`].
+    pub async fn close(&self, reason: &str) -> Result<(), TransportError> {
+        self.sender.close(reason).await
+    }
+
+    /// Another handle for sending.
+    pub fn sender(&self) -> RecordSender {
+        self.sender.clone()
+    }
+
+    /// Separates the sending and receiving sides.
+    pub fn split(self) -> (RecordSender, RecordReceiver) {
+        (self.sender, self.receiver)
+    }
+}
+
+impl RecordSender {
+    /// The peer's identity (canonical static key).
+    pub fn remote(&self) -> NodeId {
+        self.shared.remote
+    }
+
+    /// The largest record this connection sends.
+    pub fn max_record_size(&self) -> usize {
+        self.shared.max_record_size
+    }
+
+    fn check(&self, record: &Bytes) -> Result<(), TransportError> {
+        if record.len() > self.shared.max_record_size {
+            return Err(TransportError::RecordTooLarge {
+                len: record.len(),
+                max: self.shared.max_record_size,
+            });
+        }
+        if self.shared.cancel.is_cancelled() {
+            return Err(self.shared.end_error());
+        }
+        Ok(())
+    }
+
+    /// Queues a record for sending, waiting while the send queue is full
+    /// (backpressure). Queued records are sent in order; several queued
+    /// records travel in one Noise message.
+    ///
+    /// # Errors
+    /// [`TransportError::RecordTooLarge`] over the maximum record size; the
+    /// error that ended the connection ([`TransportError::Closed`] after a
+    /// local close or a close by the peer).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if the future is dropped before it completes, the
+    /// record was not queued.
+    pub async fn send(&self, record: impl Into<Bytes>) -> Result<(), TransportError> {
+        let record = record.into();
+        self.check(&record)?;
+        self.tx
+            .send(Command::Record(record))
+            .await
+            .map_err(|_| self.shared.end_error())
+    }
+
+    /// Queues a record if there is room now.
+    ///
+    /// # Errors
+    /// [`TransportError::QueueFull`] when the queue is full; otherwise as
+    /// [`send`](Self::send).
+    pub fn try_send(&self, record: impl Into<Bytes>) -> Result<(), TransportError> {
+        let record = record.into();
+        self.check(&record)?;
+        self.tx
+            .try_send(Command::Record(record))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => TransportError::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => self.shared.end_error(),
+            })
+    }
+
+    /// Sends a close record after every record already queued, then ends
+    /// the connection. The reason (at most 255 bytes are sent) is for
+    /// people. Returns once the close record has been written. Closing an
+    /// ended connection does nothing.
+    ///
+    /// # Errors
+    /// The error that ended the connection before the close record could be
+    /// written.
+    ///
+    /// # Cancel safety
+    /// Dropping the future after the close was queued does not stop the
+    /// close.
+    pub async fn close(&self, reason: &str) -> Result<(), TransportError> {
+        if !self.shared.cancel.is_cancelled() {
+            let _ = self
+                .tx
+                .send(Command::Close(CloseCode::Normal, reason.to_owned()))
+                .await;
+        }
+        self.shared.cancel.cancelled().await;
+        match self.shared.end.get() {
+            Some(End::Failed(e)) => Err(e.duplicate()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits until the connection has ended, and says how.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn ended(&self) -> ConnectionEnd {
+        self.shared.cancel.cancelled().await;
+        self.shared.end_state()
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.shared.cancel.is_cancelled()
+    }
+}
+
+impl std::fmt::Debug for RecordSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordSender")
+            .field("remote", &self.shared.remote)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecordReceiver {
+    /// The peer's identity (canonical static key).
+    pub fn remote(&self) -> NodeId {
+        self.shared.remote
+    }
+
+    /// The next record. `Ok(None)` means the peer closed the session with a
+    /// close record (after every record it sent before); the reason is in
+    /// [`close_reason`](Self::close_reason).
+    ///
+    /// # Errors
+    /// [`TransportError::PeerLost`] when the stream ended without a close
+    /// record; [`TransportError::DeniedByPeer`] when the peer's contact
+    /// policy refused us; [`TransportError::Closed`] after a local close;
+    /// otherwise the error that ended the session. Records received intact
+    /// before the error are delivered first; nothing from a bad message is.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: no record is lost if the future is dropped.
+    pub async fn recv(&mut self) -> Result<Option<Bytes>, TransportError> {
+        loop {
+            if let Some(record) = self.pending.next() {
+                return Ok(Some(record));
+            }
+            match self.rx.recv().await {
+                Some(batch) => self.pending = batch.into_iter(),
+                None => {
+                    return match self.shared.end.get() {
+                        Some(End::Peer(r)) if r.code != CloseCode::Denied => Ok(None),
+                        _ => Err(self.shared.end_error()),
+                    };
+                }
+            }
+        }
+    }
+
+    /// The peer's close record, once it has arrived.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        match self.shared.end.get() {
+            Some(End::Peer(r)) => Some(r.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for RecordReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordReceiver")
+            .field("remote", &self.shared.remote)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn write_wire<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    enc: &mut RecordEncoder,
+    cancel: &CancellationToken,
+) -> Result<(), TransportError> {
+    if enc.wire().is_empty() {
+        return Ok(());
+    }
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => return Err(TransportError::Closed),
+        r = w.write_all(enc.wire()) => r?,
+    }
+    enc.consume_wire();
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => Err(TransportError::Closed),
+        r = w.flush() => Ok(r?),
+    }
+}
+
+async fn write_task<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut enc: RecordEncoder,
+    mut rx: mpsc::Receiver<Command>,
+    shared: Arc<Shared>,
+    keepalive: Duration,
+) {
+    let clean = match write_loop(&mut w, &mut enc, &mut rx, &shared, keepalive).await {
+        Ok(()) => true,
+        // Cancelled in the middle of a write: the stream is unusable.
+        Err(TransportError::Closed) if shared.cancel.is_cancelled() => false,
+        Err(e) => {
+            shared.finish(End::Failed(e));
+            false
+        }
+    };
+    // Endpoint shutdown: tell the peer, briefly, if nothing else ended us.
+    if shared.shutdown.is_cancelled() && shared.end.set(End::Local).is_ok() && clean {
+        debug!(remote = %shared.remote, "closing for shutdown");
+        if enc.close(CloseCode::Shutdown, "shutting down").is_ok() {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+                w.write_all(enc.wire()).await?;
+                w.shutdown().await
+            })
+            .await;
+        }
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    enc: &mut RecordEncoder,
+    rx: &mut mpsc::Receiver<Command>,
+    shared: &Shared,
+    keepalive: Duration,
+) -> Result<(), TransportError> {
+    let mut cmds = Vec::with_capacity(BATCH);
+    let idle = tokio::time::sleep(keepalive);
+    tokio::pin!(idle);
+    loop {
+        tokio::select! {
+            biased;
+            () = shared.cancel.cancelled() => return Ok(()),
+            n = rx.recv_many(&mut cmds, BATCH) => {
+                let mut close = None;
+                if n == 0 {
+                    // Every handle is gone.
+                    close = Some((CloseCode::Normal, String::new()));
+                }
+                // Pack everything queued right now, without waiting for more.
+                loop {
+                    for cmd in cmds.drain(..) {
+                        match cmd {
+                            Command::Record(r) if close.is_none() => enc.push_record(&r)?,
+                            Command::Record(_) => {}
+                            Command::Close(code, reason) => {
+                                close.get_or_insert((code, reason));
+                            }
+                        }
+                    }
+                    if close.is_some() || enc.wire().len() >= FLUSH_BYTES {
+                        break;
+                    }
+                    match rx.try_recv() {
+                        Ok(cmd) => cmds.push(cmd),
+                        Err(_) => break,
+                    }
+                }
+                match close {
+                    Some((code, reason)) => {
+                        enc.close(code, &reason)?;
+                        write_wire(w, enc, &shared.cancel).await?;
+                        let _ = w.shutdown().await;
+                        shared.finish(End::Local);
+                        return Ok(());
+                    }
+                    None => {
+                        enc.flush()?;
+                        write_wire(w, enc, &shared.cancel).await?;
+                    }
+                }
+                idle.as_mut().reset(Instant::now() + keepalive);
+            }
+            () = &mut idle => {
+                enc.keepalive()?;
+                write_wire(w, enc, &shared.cancel).await?;
+                idle.as_mut().reset(Instant::now() + keepalive);
+            }
+        }
+    }
+}
+
+async fn read_task<R: AsyncRead + Unpin>(
+    mut r: R,
+    mut dec: RecordDecoder,
+    mut buf: BytesMut,
+    tx: mpsc::Sender<Vec<Bytes>>,
+    shared: Arc<Shared>,
+    idle: Duration,
+) {
+    match read_loop(&mut r, &mut dec, &mut buf, &tx, &shared, idle).await {
+        Ok(Some(close)) => shared.finish(End::Peer(close)),
+        Ok(None) => {}
+        Err(e) => shared.finish(End::Failed(e)),
+    }
+    // `tx` drops after the end is recorded, so `recv` sees it.
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    r: &mut R,
+    dec: &mut RecordDecoder,
+    buf: &mut BytesMut,
+    tx: &mpsc::Sender<Vec<Bytes>>,
+    shared: &Shared,
+    idle: Duration,
+) -> Result<Option<CloseReason>, TransportError> {
+    let deadline = tokio::time::sleep(idle);
+    tokio::pin!(deadline);
+    let mut batch = Vec::new();
+    loop {
+        let decoded = dec.decode(buf, &mut batch);
+        if !batch.is_empty() {
+            // Records authenticated before any error are delivered first.
+            let records = std::mem::take(&mut batch);
+            if !tx.is_closed() {
+                tokio::select! {
+                    biased;
+                    () = shared.cancel.cancelled() => return Ok(None),
+                    _ = tx.send(records) => {}
+                }
+            }
+        }
+        let decoded = decoded?;
+        if decoded.messages > 0 {
+            deadline.as_mut().reset(Instant::now() + idle);
+        }
+        if let Some(close) = decoded.close {
+            return Ok(Some(close));
+        }
+        if buf.capacity() - buf.len() < READ_LOW_WATER {
+            buf.reserve(READ_RESERVE);
+        }
+        tokio::select! {
+            biased;
+            () = shared.cancel.cancelled() => return Ok(None),
+            n = r.read_buf(buf) => {
+                if n? == 0 {
+                    return Err(TransportError::PeerLost);
+                }
+            }
+            () = &mut deadline => return Err(TransportError::IdleTimeout),
+        }
+    }
+}

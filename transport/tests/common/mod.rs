@@ -1,0 +1,224 @@
+//! Shared test helpers: endpoints, connected pairs, and an independent
+//! implementation of the capwire wire format built on `snow`.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use capwire_transport::{
+    ContactPolicy, Connection, Endpoint, Keypair, PROLOGUE, PROTOCOL_NAME, TransportConfig,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+
+pub fn endpoint(config: TransportConfig, policy: ContactPolicy) -> Endpoint {
+    Endpoint::new(Keypair::generate().unwrap(), config, policy)
+}
+
+pub fn default_endpoint() -> Endpoint {
+    endpoint(TransportConfig::default(), ContactPolicy::AcceptAny)
+}
+
+/// Two connected endpoints over an in-memory pair: (client side, server side).
+pub async fn connected(
+    client: &Endpoint,
+    server: &Endpoint,
+) -> (Connection, Connection) {
+    let (a, b) = tokio::io::duplex(256 * 1024);
+    let server = server.clone();
+    let accept = tokio::spawn(async move { server.accept(b).await });
+    let c = client.connect(a, None).await.unwrap();
+    let s = accept.await.unwrap().unwrap();
+    (c, s)
+}
+
+pub async fn pair(config: TransportConfig) -> (Connection, Connection) {
+    let a = endpoint(config.clone(), ContactPolicy::AcceptAny);
+    let b = endpoint(config, ContactPolicy::AcceptAny);
+    connected(&a, &b).await
+}
+
+pub fn duplex() -> (DuplexStream, DuplexStream) {
+    tokio::io::duplex(256 * 1024)
+}
+
+// ---------------------------------------------------------------------------
+// The wire format re-implemented around snow, following WIRE.md section 1,
+// without any of the crate's own framing code.
+
+pub const RECORD: u8 = 0x01;
+pub const MORE: u8 = 0x02;
+pub const CLOSE: u8 = 0x03;
+pub const REKEY: u8 = 0x04;
+pub const MAX_PLAINTEXT: usize = 65535 - 16;
+
+pub fn snow_builder(secret: &[u8; 32]) -> snow::Builder<'_> {
+    snow::Builder::new(PROTOCOL_NAME.parse().unwrap())
+        .local_private_key(secret)
+        .unwrap()
+        .prologue(PROLOGUE)
+        .unwrap()
+}
+
+pub async fn write_msg<S: AsyncWrite + Unpin>(s: &mut S, msg: &[u8]) -> std::io::Result<()> {
+    let mut framed = Vec::with_capacity(2 + msg.len());
+    framed.extend_from_slice(&u16::try_from(msg.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(msg);
+    s.write_all(&framed).await?;
+    s.flush().await
+}
+
+/// Reads one length-prefixed message; `None` at a clean end of stream.
+pub async fn read_msg<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 2];
+    match s.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut msg).await?;
+    Ok(Some(msg))
+}
+
+/// What the snow-based peer received.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Got {
+    Record(Vec<u8>),
+    Close(u8, String),
+}
+
+/// A peer speaking the capwire wire format through snow.
+pub struct SnowPeer<S> {
+    pub stream: S,
+    pub transport: snow::TransportState,
+    partial: Option<Vec<u8>>,
+    queue: std::collections::VecDeque<Got>,
+    /// REKEY chunks received (and acted on).
+    pub rekeys: usize,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
+    pub async fn connect(mut stream: S, secret: &[u8; 32]) -> Self {
+        let mut hs = snow_builder(secret).build_initiator().unwrap();
+        let mut buf = vec![0u8; 65535];
+        let n = hs.write_message(&[], &mut buf).unwrap();
+        write_msg(&mut stream, &buf[..n]).await.unwrap();
+        let m2 = read_msg(&mut stream).await.unwrap().unwrap();
+        hs.read_message(&m2, &mut buf).unwrap();
+        let n = hs.write_message(&[], &mut buf).unwrap();
+        write_msg(&mut stream, &buf[..n]).await.unwrap();
+        Self::new(stream, hs.into_transport_mode().unwrap())
+    }
+
+    pub async fn accept(mut stream: S, secret: &[u8; 32]) -> Self {
+        let mut hs = snow_builder(secret).build_responder().unwrap();
+        let mut buf = vec![0u8; 65535];
+        let m1 = read_msg(&mut stream).await.unwrap().unwrap();
+        hs.read_message(&m1, &mut buf).unwrap();
+        let n = hs.write_message(&[], &mut buf).unwrap();
+        write_msg(&mut stream, &buf[..n]).await.unwrap();
+        let m3 = read_msg(&mut stream).await.unwrap().unwrap();
+        hs.read_message(&m3, &mut buf).unwrap();
+        Self::new(stream, hs.into_transport_mode().unwrap())
+    }
+
+    fn new(stream: S, transport: snow::TransportState) -> Self {
+        Self {
+            stream,
+            transport,
+            partial: None,
+            queue: Default::default(),
+            rekeys: 0,
+        }
+    }
+
+    pub fn remote_static(&self) -> [u8; 32] {
+        self.transport.get_remote_static().unwrap().try_into().unwrap()
+    }
+
+    /// Seals one plaintext (at most 65519 bytes) and writes it.
+    pub async fn send_plaintext(&mut self, plain: &[u8]) {
+        let mut out = vec![0u8; plain.len() + 16];
+        let n = self.transport.write_message(plain, &mut out).unwrap();
+        write_msg(&mut self.stream, &out[..n]).await.unwrap();
+    }
+
+    /// Sends records, one message each, splitting those that do not fit.
+    pub async fn send_records(&mut self, records: &[&[u8]]) {
+        for record in records {
+            let mut rest: &[u8] = record;
+            loop {
+                let room = MAX_PLAINTEXT - 3;
+                let (kind, part) = if rest.len() <= room {
+                    (RECORD, rest)
+                } else {
+                    (MORE, &rest[..room])
+                };
+                let mut plain = vec![kind];
+                plain.extend_from_slice(&u16::try_from(part.len()).unwrap().to_be_bytes());
+                plain.extend_from_slice(part);
+                self.send_plaintext(&plain).await;
+                if kind == RECORD {
+                    break;
+                }
+                rest = &rest[room..];
+            }
+        }
+    }
+
+    pub async fn send_close(&mut self, code: u8, reason: &str) {
+        let mut plain = vec![CLOSE];
+        plain.extend_from_slice(&u16::try_from(1 + reason.len()).unwrap().to_be_bytes());
+        plain.push(code);
+        plain.extend_from_slice(reason.as_bytes());
+        self.send_plaintext(&plain).await;
+    }
+
+    /// The next record or close; `None` at end of stream.
+    pub async fn recv(&mut self) -> Option<Got> {
+        loop {
+            if let Some(got) = self.queue.pop_front() {
+                return Some(got);
+            }
+            let msg = read_msg(&mut self.stream).await.unwrap()?;
+            let mut plain = vec![0u8; msg.len()];
+            let n = self.transport.read_message(&msg, &mut plain).unwrap();
+            plain.truncate(n);
+            let mut rest = &plain[..];
+            while !rest.is_empty() {
+                let kind = rest[0];
+                let len = usize::from(u16::from_be_bytes([rest[1], rest[2]]));
+                let body = &rest[3..3 + len];
+                rest = &rest[3 + len..];
+                match kind {
+                    RECORD => {
+                        let mut record = self.partial.take().unwrap_or_default();
+                        record.extend_from_slice(body);
+                        self.queue.push_back(Got::Record(record));
+                    }
+                    MORE => self.partial.get_or_insert_with(Vec::new).extend_from_slice(body),
+                    CLOSE => self.queue.push_back(Got::Close(
+                        body[0],
+                        String::from_utf8(body[1..].to_vec()).unwrap(),
+                    )),
+                    REKEY => {
+                        assert!(rest.is_empty(), "REKEY is the last chunk");
+                        self.transport.rekey_incoming();
+                        self.rekeys += 1;
+                    }
+                    other => panic!("unknown chunk type {other}"),
+                }
+            }
+        }
+    }
+
+    pub async fn recv_record(&mut self) -> Vec<u8> {
+        match self.recv().await {
+            Some(Got::Record(r)) => r,
+            other => panic!("expected a record, got {other:?}"),
+        }
+    }
+}
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
