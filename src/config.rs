@@ -11,7 +11,6 @@ use std::time::Duration;
 /// assert_eq!(limits.default_deadline.as_secs(), 30);
 /// ```
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub struct Limits {
     /// Requests from one session that may run at once; more are answered
     /// `overloaded`. Default 1024.

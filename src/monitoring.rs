@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use capwire_envelope::{ErrorCode, RawValue};
-use capwire_manifest::{BindArgs, MonitoringBind, MonitoringDisable, NoArgs};
+use capwire_manifest::{BindArgs, BindReply, MonitoringBind, MonitoringDisable, NoArgs};
 
 use crate::handler::{HandlerError, RouteHandler, Sender, Typed};
 use crate::node::Node;
 
-async fn bind(args: BindArgs, Sender(from): Sender, node: Node) -> Result<(), HandlerError> {
+async fn bind(args: BindArgs, Sender(from): Sender, node: Node) -> Result<BindReply, HandlerError> {
     let attempt = node
         .inner
         .binding
@@ -18,7 +18,16 @@ async fn bind(args: BindArgs, Sender(from): Sender, node: Node) -> Result<(), Ha
         Ok(_) => {
             tracing::info!(controller = %from, "bound to a control plane");
             node.inner.manifest_changed();
-            Ok(())
+            // The roster and the configuration come with the cluster and
+            // configuration capabilities; until a node has them they are
+            // an empty roster at version 0 and no configuration.
+            let members = RawValue::encode(&[(); 0]).map_err(internal)?;
+            Ok(BindReply {
+                manifest: node.manifest(),
+                members,
+                config: RawValue::null(),
+                version: 0,
+            })
         }
         Err(failure) => {
             let mut err = HandlerError::new(ErrorCode::BindFailed, failure.to_string());
@@ -28,6 +37,10 @@ async fn bind(args: BindArgs, Sender(from): Sender, node: Node) -> Result<(), Ha
             Err(err)
         }
     }
+}
+
+fn internal(e: impl std::fmt::Display) -> HandlerError {
+    HandlerError::new(ErrorCode::Internal, e.to_string())
 }
 
 async fn disable(_args: NoArgs, node: Node) -> Result<(), HandlerError> {

@@ -395,3 +395,42 @@ impl SharedBinding {
         f(&mut self.lock())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_only_the_exact_code() {
+        let code = BindCode::parse("ABCDEFGH23").unwrap();
+        assert!(bool::from(code.matches("ABCDEFGH23")));
+        for other in [
+            "",
+            "A",
+            "ABCDEFGH2",
+            "ABCDEFGH234",
+            "ABCDEFGH23\0",
+            "abcdefgh23",
+            "ABCDEFGH24",
+            "\0\0\0\0\0\0\0\0\0\0",
+            "ABCDEFGH23ABCDEFGH23",
+        ] {
+            assert!(!bool::from(code.matches(other)), "{other:?}");
+        }
+        // A zero-padded prefix is not the code either.
+        let padded = BindCode([b'A', b'B', 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(!bool::from(padded.matches("AB")));
+    }
+
+    #[test]
+    fn a_pending_bind_expires_one_ttl_after_creation() {
+        let now = Instant::now();
+        let mut state = BindingState::new();
+        state.create_pending(BindCode::parse("2345678923").unwrap(), None, now);
+        assert!(state.pending(now).is_some());
+        assert_eq!(
+            state.pending.as_ref().map(|p| p.expires_at),
+            Some(now + BIND_TTL)
+        );
+    }
+}

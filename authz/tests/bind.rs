@@ -386,3 +386,29 @@ fn the_code_format_is_checked() {
     }
     assert_eq!(BIND_CODE_ALPHABET.len(), 32);
 }
+
+#[test]
+fn bind_failed_carries_its_reason_as_cbor_detail() {
+    let failure = BindFailure::WrongCode { attempts_left: 2 };
+    let body = failure.error_body();
+    assert_eq!(body.code, capwire_envelope::ErrorCode::BindFailed);
+    assert_eq!(body.code.as_str(), "bind_failed");
+    assert_eq!(body.message, "wrong code, 2 attempt(s) left");
+    let detail = body.detail.clone().unwrap();
+    assert_eq!(detail.decode::<BindFailure>().unwrap(), failure);
+    let map: std::collections::BTreeMap<String, ciborium::Value> = detail.decode().unwrap();
+    assert_eq!(map["reason"], ciborium::Value::Text("wrong_code".into()));
+    assert_eq!(map["attempts_left"], ciborium::Value::Integer(2.into()));
+    assert_eq!(map.len(), 2);
+
+    let expired = BindFailure::Expired.error_body().detail.unwrap();
+    let map: std::collections::BTreeMap<String, String> = expired.decode().unwrap();
+    assert_eq!(map, [("reason".to_owned(), "expired".to_owned())].into());
+
+    // The whole error body survives the strict profile.
+    let bytes = capwire_envelope::to_vec(&body).unwrap();
+    assert_eq!(
+        capwire_envelope::from_slice::<capwire_envelope::ErrorBody>(&bytes).unwrap(),
+        body
+    );
+}

@@ -405,6 +405,28 @@ fn an_authorizer_narrows_but_never_widens() {
 }
 
 #[test]
+fn deny_reasons_map_to_wire_error_codes() {
+    use capwire_envelope::ErrorCode;
+    let r = registry();
+    let gate = Gate::default();
+    let unknown = denied(decide(&r, &gate, &bound(), &CP, "app.echo", "nope"));
+    assert_eq!(unknown.code(), ErrorCode::UnknownVerb);
+    assert_eq!(unknown.code().as_str(), unknown.code_str());
+    let body = unknown.error_body();
+    assert_eq!(body.code, ErrorCode::UnknownVerb);
+    assert_eq!(
+        body.message,
+        "unknown verb: the capability has no verb with this exact name"
+    );
+    assert!(body.detail.is_none());
+
+    let unauthorized = denied(decide(&r, &gate, &bound(), &OTHER, "app.echo", "reset"));
+    assert_eq!(unauthorized.code(), ErrorCode::Unauthorized);
+    assert_eq!(unauthorized.code().as_str(), "unauthorized");
+    assert_eq!(unauthorized.label(), "not_controller");
+}
+
+#[test]
 fn public_types_are_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Gate>();

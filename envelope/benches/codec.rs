@@ -236,8 +236,10 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     benches(&mut c);
     c.final_summary();
-    // `cargo bench` passes `--bench`; skip the side-by-side timing in test mode.
-    if std::env::args().any(|a| a == "--bench") {
+    // `cargo bench` passes `--bench`; skip the side-by-side timing in test
+    // and profiling modes.
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--profile-time") {
         print_ratios();
     }
 }

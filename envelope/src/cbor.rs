@@ -106,26 +106,17 @@ impl<'a> Cursor<'a> {
     /// The argument of a header with additional information `ai` (< 28),
     /// rejecting encodings longer than needed.
     fn argument(&mut self, at: usize, ai: u8) -> Result<u64, DecodeError> {
-        let non_minimal = DecodeError::NonMinimalInteger { at };
-        match ai {
-            0..=23 => Ok(u64::from(ai)),
-            24 => match self.fixed::<1>()?[0] {
-                v if v < 24 => Err(non_minimal),
-                v => Ok(u64::from(v)),
-            },
-            25 => match u16::from_be_bytes(self.fixed()?) {
-                v if v <= 0xff => Err(non_minimal),
-                v => Ok(u64::from(v)),
-            },
-            26 => match u32::from_be_bytes(self.fixed()?) {
-                v if v <= 0xffff => Err(non_minimal),
-                v => Ok(u64::from(v)),
-            },
-            _ => match u64::from_be_bytes(self.fixed()?) {
-                v if v <= 0xffff_ffff => Err(non_minimal),
-                v => Ok(v),
-            },
+        let (value, shortest) = match ai {
+            0..=23 => return Ok(u64::from(ai)),
+            24 => (u64::from(self.fixed::<1>()?[0]), 24),
+            25 => (u64::from(u16::from_be_bytes(self.fixed()?)), 0x100),
+            26 => (u64::from(u32::from_be_bytes(self.fixed()?)), 0x1_0000),
+            _ => (u64::from_be_bytes(self.fixed()?), 0x1_0000_0000),
+        };
+        if value < shortest {
+            return Err(DecodeError::NonMinimalInteger { at });
         }
+        Ok(value)
     }
 
     /// Reads one header, enforcing the profile on it: definite lengths only,

@@ -45,7 +45,8 @@ pub enum FrameKind {
 }
 
 impl FrameKind {
-    const ALL: [FrameKind; 6] = [
+    /// Every frame kind.
+    pub const ALL: [FrameKind; 6] = [
         FrameKind::Hello,
         FrameKind::Control,
         FrameKind::Response,
@@ -731,22 +732,22 @@ impl Field {
         }
     }
 
-    fn from_key(key: &str) -> Option<Self> {
+    fn from_key(key: &[u8]) -> Option<Self> {
         Some(match key {
-            "type" => Field::Type,
-            "cap" => Field::Cap,
-            "verb" => Field::Verb,
-            "req_id" => Field::ReqId,
-            "budget_ms" => Field::BudgetMs,
-            "args" => Field::Args,
-            "ok" => Field::Ok,
-            "result" => Field::Result,
-            "err" => Field::Err,
-            "protocol" => Field::Protocol,
-            "manifest" => Field::Manifest,
-            "limits" => Field::Limits,
-            "code" => Field::Code,
-            "reason" => Field::Reason,
+            b"type" => Field::Type,
+            b"cap" => Field::Cap,
+            b"verb" => Field::Verb,
+            b"req_id" => Field::ReqId,
+            b"budget_ms" => Field::BudgetMs,
+            b"args" => Field::Args,
+            b"ok" => Field::Ok,
+            b"result" => Field::Result,
+            b"err" => Field::Err,
+            b"protocol" => Field::Protocol,
+            b"manifest" => Field::Manifest,
+            b"limits" => Field::Limits,
+            b"code" => Field::Code,
+            b"reason" => Field::Reason,
             _ => return None,
         })
     }
@@ -810,7 +811,7 @@ pub fn decode_frame(bytes: &[u8]) -> Result<FrameRef<'_>, DecodeError> {
     let mut parts = Parts::default();
     read_record(&mut cur, "frame", |cur, key, key_at| {
         let Some(field) = Field::from_key(key) else {
-            return Err(unknown_field(key));
+            return Err(unknown_field(key, key_at));
         };
         if parts.seen & field.bit() != 0 {
             return Err(DecodeError::DuplicateKey { at: key_at });
@@ -822,9 +823,13 @@ pub fn decode_frame(bytes: &[u8]) -> Result<FrameRef<'_>, DecodeError> {
     assemble(parts)
 }
 
-fn unknown_field(key: &str) -> DecodeError {
-    DecodeError::UnknownField {
-        name: name_for_error(key.as_bytes()),
+/// The error for a key the record does not define (or an invalid text key).
+fn unknown_field(key: &[u8], key_at: usize) -> DecodeError {
+    match std::str::from_utf8(key) {
+        Ok(_) => DecodeError::UnknownField {
+            name: name_for_error(key),
+        },
+        Err(_) => DecodeError::InvalidUtf8 { at: key_at },
     }
 }
 
@@ -835,12 +840,38 @@ fn read_field<'a>(
 ) -> Result<(), DecodeError> {
     match field {
         Field::Type => {
-            let name = read_text(cur, TYPE_KEY, MAX_NAME_LEN)?;
-            let kind = FrameKind::ALL.into_iter().find(|k| k.as_str() == name);
-            parts.kind = Some(kind.ok_or_else(|| DecodeError::UnknownName {
-                field: TYPE_KEY,
-                name: name_for_error(name.as_bytes()),
-            })?);
+            let at = cur.pos();
+            let name = match cur.head()? {
+                Head::Text(len) if len > MAX_NAME_LEN => {
+                    return Err(DecodeError::StringTooLong {
+                        field: TYPE_KEY,
+                        len,
+                        max: MAX_NAME_LEN,
+                    });
+                }
+                Head::Text(len) => cur.take(len)?,
+                _ => {
+                    return Err(DecodeError::WrongType {
+                        field: TYPE_KEY,
+                        expected: "a text string",
+                    });
+                }
+            };
+            parts.kind = Some(match name {
+                b"hello" => FrameKind::Hello,
+                b"control" => FrameKind::Control,
+                b"response" => FrameKind::Response,
+                b"cancel" => FrameKind::Cancel,
+                b"close" => FrameKind::Close,
+                b"keepalive" => FrameKind::Keepalive,
+                _ => {
+                    std::str::from_utf8(name).map_err(|_| DecodeError::InvalidUtf8 { at })?;
+                    return Err(DecodeError::UnknownName {
+                        field: TYPE_KEY,
+                        name: name_for_error(name),
+                    });
+                }
+            });
         }
         Field::Cap => parts.cap = read_text(cur, "cap", MAX_NAME_LEN)?,
         Field::Verb => parts.verb = read_text(cur, "verb", MAX_NAME_LEN)?,
@@ -908,7 +939,9 @@ fn assemble(parts: Parts<'_>) -> Result<FrameRef<'_>, DecodeError> {
         FrameKind::Keepalive => (F::Type.bit(), F::Type.bit()),
     };
     if let Some(extra) = F::ALL.into_iter().find(|f| parts.seen & !allowed & f.bit() != 0) {
-        return Err(unknown_field(extra.name()));
+        return Err(DecodeError::UnknownField {
+            name: extra.name().into(),
+        });
     }
     if let Some(missing) = F::ALL.into_iter().find(|f| required & !parts.seen & f.bit() != 0) {
         return Err(DecodeError::MissingField {
@@ -956,21 +989,23 @@ fn assemble(parts: Parts<'_>) -> Result<FrameRef<'_>, DecodeError> {
 fn read_record<'a>(
     cur: &mut Cursor<'a>,
     field: &'static str,
-    mut entry: impl FnMut(&mut Cursor<'a>, &'a str, usize) -> Result<(), DecodeError>,
+    mut entry: impl FnMut(&mut Cursor<'a>, &'a [u8], usize) -> Result<(), DecodeError>,
 ) -> Result<(), DecodeError> {
-    let wrong = DecodeError::WrongType {
+    let wrong = || DecodeError::WrongType {
         field,
         expected: "a map with text keys",
     };
     let Head::Map(n) = cur.head()? else {
-        return Err(wrong);
+        return Err(wrong());
     };
     for _ in 0..n {
         let key_at = cur.pos();
         let Head::Text(len) = cur.head()? else {
-            return Err(wrong);
+            return Err(wrong());
         };
-        let key = cur.text(key_at, len)?;
+        // Known keys are ASCII and compared as bytes; `unknown_field`
+        // checks the UTF-8 of any other key.
+        let key = cur.take(len)?;
         entry(cur, key, key_at)?;
     }
     Ok(())
@@ -1033,8 +1068,8 @@ fn read_limits(cur: &mut Cursor<'_>) -> Result<Limits, DecodeError> {
     const NAMES: [&str; 3] = ["max_record", "max_inflight", "keepalive_ms"];
     let mut values: [Option<u32>; 3] = [None; 3];
     read_record(cur, "limits", |cur, key, key_at| {
-        let Some(i) = NAMES.iter().position(|n| *n == key) else {
-            return Err(unknown_field(key));
+        let Some(i) = NAMES.iter().position(|n| n.as_bytes() == key) else {
+            return Err(unknown_field(key, key_at));
         };
         if values[i].is_some() {
             return Err(DecodeError::DuplicateKey { at: key_at });
@@ -1042,7 +1077,7 @@ fn read_limits(cur: &mut Cursor<'_>) -> Result<Limits, DecodeError> {
         values[i] = Some(read_u32(cur, NAMES[i])?);
         Ok(())
     })?;
-    let get = |i: usize| values[i].ok_or(DecodeError::MissingField { field: NAMES[i] });
+    let get = |i: usize| values[i].ok_or_else(|| DecodeError::MissingField { field: NAMES[i] });
     Ok(Limits {
         max_record: get(0)?,
         max_inflight: get(1)?,
@@ -1055,10 +1090,10 @@ fn read_error_body(cur: &mut Cursor<'_>) -> Result<ErrorBody, DecodeError> {
     let mut message: Option<&str> = None;
     let mut detail: Option<&[u8]> = None;
     read_record(cur, "err", |cur, key, key_at| {
-        let duplicate = DecodeError::DuplicateKey { at: key_at };
+        let duplicate = || DecodeError::DuplicateKey { at: key_at };
         match key {
-            "code" if code.is_some() => Err(duplicate),
-            "code" => {
+            b"code" if code.is_some() => Err(duplicate()),
+            b"code" => {
                 let at = cur.pos();
                 code = Some(match cur.head()? {
                     Head::Text(len) if len > MAX_APP_CODE_LEN => {
@@ -1078,23 +1113,23 @@ fn read_error_body(cur: &mut Cursor<'_>) -> Result<ErrorBody, DecodeError> {
                 });
                 Ok(())
             }
-            "message" if message.is_some() => Err(duplicate),
-            "message" => {
+            b"message" if message.is_some() => Err(duplicate()),
+            b"message" => {
                 message = Some(read_text(cur, "message", MAX_MESSAGE_LEN)?);
                 Ok(())
             }
-            "detail" if detail.is_some() => Err(duplicate),
-            "detail" => {
+            b"detail" if detail.is_some() => Err(duplicate()),
+            b"detail" => {
                 detail = Some(read_item(cur)?);
                 Ok(())
             }
-            other => Err(unknown_field(other)),
+            other => Err(unknown_field(other, key_at)),
         }
     })?;
     Ok(ErrorBody {
-        code: code.ok_or(DecodeError::MissingField { field: "code" })?,
+        code: code.ok_or_else(|| DecodeError::MissingField { field: "code" })?,
         message: message
-            .ok_or(DecodeError::MissingField { field: "message" })?
+            .ok_or_else(|| DecodeError::MissingField { field: "message" })?
             .to_owned(),
         detail: detail.map(RawValue::from_validated),
     })

@@ -56,7 +56,9 @@ mod verb;
 pub use class::{AuthClass, DeclaredClass, VerbKind};
 pub use error::ManifestError;
 pub use manifest::{CapabilityManifest, Manifest, ManifestTracker, MonitoringStatus, VerbManifest};
-pub use monitoring::{BindArgs, BindReply, CORE_MONITORING, MonitoringBind, MonitoringDisable, NoArgs};
+pub use monitoring::{
+    BindArgs, BindReply, CORE_MONITORING, MonitoringBind, MonitoringDisable, NoArgs,
+};
 pub use registry::{
     MAX_APP_ID_LEN, MAX_DESCRIPTION_LEN, MAX_NAME_LEN, MAX_PARAMS_LEN, MAX_SCHEMA_LEN,
     MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo,

@@ -107,6 +107,7 @@ pub struct CapabilityManifest {
     #[schemars(with = "String")]
     pub version: Version,
     /// An opaque description of its configuration, if any.
+    #[serde(deserialize_with = "required")]
     pub params: Option<String>,
     /// Its verbs, sorted by name.
     pub verbs: Vec<VerbManifest>,
@@ -131,10 +132,22 @@ pub struct VerbManifest {
     /// Who may call it.
     pub class: DeclaredClass,
     /// The JSON Schema of its args as JSON text, when the handler is typed.
+    #[serde(deserialize_with = "required")]
     pub args_schema: Option<String>,
     /// The JSON Schema of its result as JSON text, when the handler is typed;
     /// always `None` for a notification.
+    #[serde(deserialize_with = "required")]
     pub result_schema: Option<String>,
+}
+
+/// Deserializes an optional field that must still be present (as `null`
+/// when empty): serde would otherwise read a missing key as `None`.
+fn required<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d)
 }
 
 /// Keeps a node's current manifest and bumps its epoch on every change.

@@ -507,3 +507,35 @@ fn check_verb<H>(cap: &CapId, spec: VerbSpec<H>) -> Result<Route<H>, ManifestErr
         handler,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(cap: &str, verb: &str) -> Option<Vec<u8>> {
+        let mut buf = [0u8; KEY_LEN];
+        route_key(&mut buf, cap, verb).map(<[u8]>::to_vec)
+    }
+
+    proptest! {
+        #[test]
+        fn route_keys_are_injective(
+            c1 in "[a.b]{0,4}", v1 in "[a.b]{0,4}", c2 in "[a.b]{0,4}", v2 in "[a.b]{0,4}",
+        ) {
+            prop_assert_eq!(key(&c1, &v1) == key(&c2, &v2), (c1, v1) == (c2, v2));
+        }
+    }
+
+    #[test]
+    fn route_keys_cover_the_longest_names_and_refuse_longer() {
+        let cap = format!("app.{}", "c".repeat(MAX_CAP_ID_LEN - 4));
+        let verb = "v".repeat(MAX_VERB_LEN);
+        assert_eq!(key(&cap, &verb).unwrap().len(), KEY_LEN);
+        assert!(key(&format!("{cap}c"), &verb).is_none());
+        assert!(key(&cap, &format!("{verb}v")).is_none());
+        assert_eq!(key("", "").unwrap(), [SEP]);
+        // The separator cannot be forged: it is not valid in any `str`.
+        assert!(std::str::from_utf8(&[SEP]).is_err());
+    }
+}

@@ -35,6 +35,13 @@ const READ_RESERVE: usize = 128 * 1024;
 const READ_LOW_WATER: usize = 32 * 1024;
 /// How long a shutting-down endpoint tries to deliver its close record.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// After a local close, how long the reader keeps reading (and discarding)
+/// so that the peer's last writes do not reset the stream before it has
+/// read our close record.
+pub(crate) const LINGER: Duration = Duration::from_secs(1);
+/// After a write error, how long the writer lets the reader explain it (a
+/// close record or the end of the stream) before reporting the error.
+const WRITE_ERROR_GRACE: Duration = Duration::from_millis(500);
 
 /// How a connection ended.
 #[derive(Debug)]
@@ -442,6 +449,13 @@ async fn write_task<W: AsyncWrite + Unpin>(
         Ok(()) => true,
         // Cancelled in the middle of a write: the stream is unusable.
         Err(TransportError::Closed) if shared.cancel.is_cancelled() => false,
+        Err(e @ TransportError::Io(_)) => {
+            // The peer may have closed properly and hung up while we were
+            // writing: prefer what the reader finds.
+            let _ = tokio::time::timeout(WRITE_ERROR_GRACE, shared.cancel.cancelled()).await;
+            shared.finish(End::Failed(e));
+            false
+        }
         Err(e) => {
             shared.finish(End::Failed(e));
             false
@@ -536,7 +550,25 @@ async fn read_task<R: AsyncRead + Unpin>(
         Ok(None) => {}
         Err(e) => shared.finish(End::Failed(e)),
     }
-    // `tx` drops after the end is recorded, so `recv` sees it.
+    drop(tx); // `recv` now sees the end, which is recorded.
+    if matches!(shared.end.get(), Some(End::Local)) {
+        linger(&mut r, buf).await;
+    }
+}
+
+/// Reads and discards until the peer hangs up, for at most [`LINGER`].
+pub(crate) async fn linger<R: AsyncRead + Unpin>(r: &mut R, mut buf: BytesMut) {
+    let _ = tokio::time::timeout(LINGER, async {
+        loop {
+            buf.clear();
+            buf.reserve(READ_LOW_WATER);
+            match r.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
 }
 
 async fn read_loop<R: AsyncRead + Unpin>(

@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use crate::config::TransportConfig;
-use crate::connection::Connection;
+use crate::connection::{Connection, linger};
 use crate::error::{TransportError, Violation};
 use crate::handshake::{
     Initiator, MESSAGE_1_LEN, MESSAGE_2_LEN, MESSAGE_3_LEN, Responder,
@@ -284,9 +284,12 @@ impl Endpoint {
             // Tell the peer, then hang up; nothing it sent is read.
             let (sealer, _) = session.split();
             let mut encoder = RecordEncoder::new(sealer, 0, None);
-            if encoder.close(CloseCode::Denied, "denied").is_ok() {
-                let _ = stream.write_all(encoder.wire()).await;
-                let _ = stream.shutdown().await;
+            if encoder.close(CloseCode::Denied, "denied").is_ok()
+                && stream.write_all(encoder.wire()).await.is_ok()
+                && stream.shutdown().await.is_ok()
+            {
+                buf.clear();
+                linger(stream, std::mem::take(buf)).await;
             }
             return Err(e);
         }

@@ -63,7 +63,7 @@ impl Core {
         Ok(Self {
             ss,
             s: keypair.secret().clone(),
-            s_pub: *keypair.public().as_bytes(),
+            s_pub: keypair.encoding(),
             e,
             e_pub,
         })

@@ -123,6 +123,9 @@ pub fn canonical_node_id(id: &NodeId) -> NodeId {
 pub struct Keypair {
     secret: StaticSecret,
     public: NodeId,
+    /// The bytes sent as our static key: `public`, unless a test chose
+    /// another encoding of the same key.
+    encoding: [u8; 32],
 }
 
 impl Keypair {
@@ -148,8 +151,12 @@ impl Keypair {
     pub fn from_secret_bytes(mut bytes: [u8; 32]) -> Self {
         let secret = StaticSecret::from(bytes);
         bytes.zeroize();
-        let public = NodeId::from_bytes(PublicKey::from(&secret).to_bytes());
-        Self { secret, public }
+        let encoding = PublicKey::from(&secret).to_bytes();
+        Self {
+            secret,
+            public: NodeId::from_bytes(encoding),
+            encoding,
+        }
     }
 
     /// The secret key bytes, for persisting. Zeroized when the returned
@@ -165,6 +172,30 @@ impl Keypair {
 
     pub(crate) fn secret(&self) -> &StaticSecret {
         &self.secret
+    }
+
+    /// The 32 bytes the handshake sends as our static key.
+    pub(crate) fn encoding(&self) -> [u8; 32] {
+        self.encoding
+    }
+
+    /// Makes the handshake send `encoding` as our static key instead of the
+    /// canonical bytes. `encoding` must name the same key (for example with
+    /// bit 255 set), which lets tests play a peer that uses a
+    /// non-canonical encoding.
+    ///
+    /// # Errors
+    /// [`TransportError::InvalidConfig`] when `encoding` is another key.
+    #[cfg(feature = "test-hooks")]
+    pub fn with_public_encoding_for_testing(
+        mut self,
+        encoding: [u8; 32],
+    ) -> Result<Self, TransportError> {
+        if canonical_node_id(&NodeId::from_bytes(encoding)) != self.public {
+            return Err(TransportError::InvalidConfig("not an encoding of this key"));
+        }
+        self.encoding = encoding;
+        Ok(self)
     }
 }
 

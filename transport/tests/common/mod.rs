@@ -94,6 +94,8 @@ pub struct SnowPeer<S> {
     queue: std::collections::VecDeque<Got>,
     /// REKEY chunks received (and acted on).
     pub rekeys: usize,
+    /// Transport messages received.
+    pub messages: usize,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
@@ -128,6 +130,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
             partial: None,
             queue: Default::default(),
             rekeys: 0,
+            messages: 0,
         }
     }
 
@@ -180,6 +183,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
                 return Some(got);
             }
             let msg = read_msg(&mut self.stream).await.unwrap()?;
+            self.messages += 1;
             let mut plain = vec![0u8; msg.len()];
             let n = self.transport.read_message(&msg, &mut plain).unwrap();
             plain.truncate(n);
@@ -221,4 +225,79 @@ impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
 
 pub fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
+}
+
+// ---------------------------------------------------------------------------
+// A man in the middle that sees whole messages.
+
+/// What the relay does with one message from the client.
+#[derive(Debug)]
+pub enum Out {
+    ToServer(Vec<u8>),
+    ToClient(Vec<u8>),
+}
+
+/// Relays messages between `client_side` and `server_side`. Every message
+/// from the client (index 0 is handshake message 1, index 1 is message 3,
+/// transport messages follow) goes through `tamper`; messages from the
+/// server pass unchanged.
+pub fn relay<F>(client_side: DuplexStream, server_side: DuplexStream, mut tamper: F)
+where
+    F: FnMut(usize, Vec<u8>) -> Vec<Out> + Send + 'static,
+{
+    let (mut cr, mut cw) = tokio::io::split(client_side);
+    let (mut sr, mut sw) = tokio::io::split(server_side);
+    let (to_client, mut to_client_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let from_server = to_client.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(m)) = read_msg(&mut sr).await {
+            if from_server.send(m).is_err() {
+                break;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(m) = to_client_rx.recv().await {
+            if write_msg(&mut cw, &m).await.is_err() {
+                break;
+            }
+        }
+        let _ = cw.shutdown().await;
+    });
+    tokio::spawn(async move {
+        let mut index = 0;
+        while let Ok(Some(m)) = read_msg(&mut cr).await {
+            for out in tamper(index, m) {
+                match out {
+                    Out::ToServer(m) => {
+                        let _ = write_msg(&mut sw, &m).await;
+                    }
+                    Out::ToClient(m) => {
+                        let _ = to_client.send(m);
+                    }
+                }
+            }
+            index += 1;
+        }
+        let _ = sw.shutdown().await;
+    });
+}
+
+/// Two endpoints connected through a relay: (client, server).
+pub async fn connected_via<F>(
+    client: &Endpoint,
+    server: &Endpoint,
+    tamper: F,
+) -> (Connection, Connection)
+where
+    F: FnMut(usize, Vec<u8>) -> Vec<Out> + Send + 'static,
+{
+    let (c, c_relay) = duplex();
+    let (s_relay, s) = duplex();
+    relay(c_relay, s_relay, tamper);
+    let server = server.clone();
+    let accept = tokio::spawn(async move { server.accept(s).await });
+    let client = client.connect(c, None).await.unwrap();
+    let server = accept.await.unwrap().unwrap();
+    (client, server)
 }

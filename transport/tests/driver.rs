@@ -1,0 +1,305 @@
+//! Behaviour of the tokio driver that users rely on: ordering, coalescing,
+//! close, keepalive, backpressure, shutdown, and the stream kinds.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use capwire_transport::{
+    CloseCode, ConnectionEnd, ContactPolicy, Endpoint, Keypair, TransportConfig, TransportError,
+};
+use common::{Got, SnowPeer, default_endpoint, duplex, endpoint, pair};
+
+#[tokio::test]
+async fn records_arrive_in_order_from_cloned_senders() {
+    let (client, server) = pair(TransportConfig::default()).await;
+    let (sender, _rx) = client.split();
+    let (_tx, mut receiver) = server.split();
+    let mut tasks = Vec::new();
+    for t in 0..4u8 {
+        let sender = sender.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..500u32 {
+                let mut r = vec![t];
+                r.extend_from_slice(&i.to_be_bytes());
+                sender.send(r).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut next = [0u32; 4];
+    for _ in 0..2000 {
+        let r = receiver.recv().await.unwrap().unwrap();
+        let t = usize::from(r[0]);
+        let i = u32::from_be_bytes(r[1..5].try_into().unwrap());
+        assert_eq!(i, next[t], "each sender's records stay in order");
+        next[t] += 1;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn queued_records_share_one_noise_message() {
+    let client = default_endpoint();
+    let (a, b) = duplex();
+    let kp = Keypair::generate().unwrap();
+    let peer = tokio::spawn(async move {
+        let mut peer = SnowPeer::accept(b, &kp.secret_bytes()).await;
+        let mut got = Vec::new();
+        for _ in 0..500 {
+            got.push(peer.recv_record().await);
+        }
+        (got, peer.messages)
+    });
+    let conn = client.connect(a, None).await.unwrap();
+    // Queue 500 records before the writer task gets to run.
+    for i in 0..500u32 {
+        conn.sender().try_send(i.to_be_bytes().to_vec()).unwrap();
+    }
+    let (got, messages) = peer.await.unwrap();
+    assert!(got.iter().enumerate().all(|(i, r)| r[..] == (i as u32).to_be_bytes()));
+    assert_eq!(messages, 1, "500 small records, one AEAD operation");
+}
+
+#[tokio::test]
+async fn a_lone_record_is_sent_without_waiting_for_more() {
+    let (client, mut server) = pair(TransportConfig::default()).await;
+    client.send(&b"alone"[..]).await.unwrap();
+    // With time paused nothing would advance: the record must not depend on
+    // a timer to be flushed.
+    tokio::time::pause();
+    assert_eq!(&server.recv().await.unwrap().unwrap()[..], b"alone");
+}
+
+#[tokio::test]
+async fn close_delivers_queued_records_then_a_clean_end() {
+    let (client, mut server) = pair(TransportConfig::default()).await;
+    for i in 0..100u8 {
+        client.send(vec![i; 1000]).await.unwrap();
+    }
+    client.close("finished").await.unwrap();
+    client.close("again").await.unwrap(); // idempotent
+    for i in 0..100u8 {
+        assert_eq!(server.recv().await.unwrap().unwrap(), vec![i; 1000]);
+    }
+    assert_eq!(server.recv().await.unwrap(), None);
+    assert_eq!(server.recv().await.unwrap(), None, "stays closed");
+    let (server_tx, server_rx) = server.split();
+    let reason = server_rx.close_reason().unwrap();
+    assert_eq!(reason.code, CloseCode::Normal);
+    assert_eq!(reason.reason, "finished");
+    assert!(matches!(server_tx.ended().await, ConnectionEnd::ClosedByPeer(_)));
+    assert!(matches!(server_tx.send(&b"x"[..]).await, Err(TransportError::Closed)));
+    assert!(matches!(client.send(&b"x"[..]).await, Err(TransportError::Closed)));
+}
+
+#[tokio::test]
+async fn dropping_every_handle_closes_cleanly() {
+    let (client, mut server) = pair(TransportConfig::default()).await;
+    client.send(&b"last words"[..]).await.unwrap();
+    drop(client);
+    assert_eq!(&server.recv().await.unwrap().unwrap()[..], b"last words");
+    assert_eq!(server.recv().await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn the_receiver_alone_keeps_the_connection_open() {
+    let (client, server) = pair(TransportConfig::default()).await;
+    let (client_tx, mut client_rx) = client.split();
+    drop(client_tx);
+    server.send(&b"still listening?"[..]).await.unwrap();
+    assert_eq!(&client_rx.recv().await.unwrap().unwrap()[..], b"still listening?");
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalives_keep_a_quiet_connection_open() {
+    let (client, mut server) = pair(TransportConfig::default()).await;
+    // Ten idle timeouts of silence from both applications.
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(!client.sender().is_closed());
+    client.send(&b"still alive"[..]).await.unwrap();
+    assert_eq!(&server.recv().await.unwrap().unwrap()[..], b"still alive");
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalives_are_sent_when_idle() {
+    let client = default_endpoint();
+    let (a, b) = duplex();
+    let kp = Keypair::generate().unwrap();
+    let peer = tokio::spawn(async move { SnowPeer::accept(b, &kp.secret_bytes()).await });
+    let _conn = client.connect(a, None).await.unwrap();
+    let mut peer = peer.await.unwrap();
+    // Three keepalive intervals: three empty messages, no records.
+    let reading = tokio::spawn(async move {
+        let got = peer.recv().await;
+        (got, peer.messages)
+    });
+    tokio::time::sleep(Duration::from_secs(46)).await;
+    assert!(!reading.is_finished());
+    reading.abort();
+}
+
+#[tokio::test]
+async fn backpressure_and_try_send() {
+    let mut config = TransportConfig::default();
+    config.send_queue_depth = 4;
+    let client = endpoint(config, ContactPolicy::AcceptAny);
+    let server = default_endpoint();
+    // A tiny pipe and a server that does not read: the queue fills up.
+    let (a, b) = tokio::io::duplex(1024);
+    let srv = server.clone();
+    let accept = tokio::spawn(async move { srv.accept(b).await });
+    let conn = client.connect(a, None).await.unwrap();
+    let _server_conn = accept.await.unwrap().unwrap();
+    let sender = conn.sender();
+    let big = Bytes::from(vec![0u8; 64 * 1024]);
+    let mut full = false;
+    for _ in 0..100 {
+        match sender.try_send(big.clone()) {
+            Ok(()) => tokio::task::yield_now().await,
+            Err(TransportError::QueueFull) => {
+                full = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(full, "try_send reports a full queue");
+    // `send` waits instead of failing.
+    let blocked = tokio::time::timeout(Duration::from_millis(50), sender.send(big.clone())).await;
+    assert!(blocked.is_err());
+}
+
+#[tokio::test]
+async fn oversize_records_are_refused_locally() {
+    let mut config = TransportConfig::default();
+    config.max_record_size = 1000;
+    let (client, mut server) = pair(config).await;
+    assert!(matches!(
+        client.send(vec![0u8; 1001]).await,
+        Err(TransportError::RecordTooLarge { len: 1001, max: 1000 })
+    ));
+    client.send(vec![1u8; 1000]).await.unwrap();
+    assert_eq!(server.recv().await.unwrap().unwrap().len(), 1000);
+}
+
+#[tokio::test]
+async fn shutdown_closes_every_connection_with_a_reason() {
+    let a = default_endpoint();
+    let b = default_endpoint();
+    let (client, mut server) = common::connected(&a, &b).await;
+    a.shutdown().await;
+    assert_eq!(server.recv().await.unwrap(), None);
+    let (_, rx) = server.split();
+    assert_eq!(rx.close_reason().unwrap().code, CloseCode::Shutdown);
+    assert!(matches!(client.send(&b"x"[..]).await, Err(TransportError::Closed)));
+    let (x, _y) = duplex();
+    assert!(matches!(a.connect(x, None).await, Err(TransportError::Closed)));
+}
+
+#[tokio::test]
+async fn connect_checks_the_expected_key() {
+    let client = default_endpoint();
+    let server = default_endpoint();
+    let wrong = Keypair::generate().unwrap().public();
+    let (x, y) = duplex();
+    let srv = server.clone();
+    let accept = tokio::spawn(async move { srv.accept(y).await });
+    match client.connect(x, Some(wrong)).await {
+        Err(TransportError::UnexpectedPeer { expected, actual }) => {
+            assert_eq!(expected, wrong);
+            assert_eq!(actual, server.local_id());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(accept.await.unwrap().is_err());
+}
+
+#[tokio::test]
+async fn both_sides_agree_on_identity_and_handshake_hash() {
+    let a = default_endpoint();
+    let b = default_endpoint();
+    let (c, s) = common::connected(&a, &b).await;
+    assert_eq!(c.remote(), b.local_id());
+    assert_eq!(s.remote(), a.local_id());
+    assert_eq!(c.handshake_hash(), s.handshake_hash());
+}
+
+#[tokio::test]
+async fn works_over_tcp_and_unix_sockets() {
+    let a = default_endpoint();
+    let b = default_endpoint();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let srv = b.clone();
+    let server = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut conn = srv.accept(stream).await.unwrap();
+        while let Some(r) = conn.recv().await.unwrap() {
+            conn.send(r).await.unwrap();
+        }
+    });
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    let mut conn = a.connect(stream, Some(b.local_id())).await.unwrap();
+    let record = vec![5u8; 300_000];
+    conn.send(record.clone()).await.unwrap();
+    assert_eq!(conn.recv().await.unwrap().unwrap(), record);
+    conn.close("").await.unwrap();
+    server.await.unwrap();
+
+    let (x, y) = tokio::net::UnixStream::pair().unwrap();
+    let srv = b.clone();
+    let server = tokio::spawn(async move { srv.accept(y).await.unwrap() });
+    let mut conn = a.connect(x, None).await.unwrap();
+    let server_conn = server.await.unwrap();
+    server_conn.send(&b"over unix"[..]).await.unwrap();
+    assert_eq!(&conn.recv().await.unwrap().unwrap()[..], b"over unix");
+}
+
+#[tokio::test]
+async fn empty_and_large_records_round_trip() {
+    let (client, mut server) = pair(TransportConfig::default()).await;
+    let sizes = [0usize, 1, 65_513, 65_514, 65_515, 65_516, 65_519, 65_520, 200_000, 3 << 20];
+    for &n in &sizes {
+        client.send(vec![(n % 255) as u8; n]).await.unwrap();
+    }
+    for &n in &sizes {
+        let r = server.recv().await.unwrap().unwrap();
+        assert_eq!(r.len(), n);
+        assert!(r.iter().all(|&b| b == (n % 255) as u8));
+    }
+}
+
+#[tokio::test]
+async fn a_snow_peer_sees_our_close_record() {
+    let client = default_endpoint();
+    let (a, b) = duplex();
+    let kp = Keypair::generate().unwrap();
+    let peer = tokio::spawn(async move {
+        let mut peer = SnowPeer::accept(b, &kp.secret_bytes()).await;
+        let first = peer.recv().await;
+        let second = peer.recv().await;
+        (first, second)
+    });
+    let conn = client.connect(a, None).await.unwrap();
+    conn.close("see you").await.unwrap();
+    let (first, second) = peer.await.unwrap();
+    assert_eq!(first, Some(Got::Close(0, "see you".into())));
+    assert_eq!(second, None, "the stream ends after the close record");
+}
+
+#[test]
+fn an_invalid_configuration_is_reported() {
+    let mut config = TransportConfig::default();
+    config.max_concurrent_handshakes = 0;
+    assert!(matches!(
+        Endpoint::try_new(Keypair::generate().unwrap(), config, ContactPolicy::AcceptAny),
+        Err(TransportError::InvalidConfig(_))
+    ));
+}
