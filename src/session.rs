@@ -344,6 +344,11 @@ pub(crate) async fn wait_session(
     id: &NodeId,
     deadline: Instant,
 ) -> Option<Arc<SessionHandle>> {
+    if let Some(s) = inner.session(id) {
+        if !s.is_ended() {
+            return Some(s);
+        }
+    }
     let mut changes = inner.peers_changed.subscribe();
     loop {
         if let Some(s) = inner.session(id) {

@@ -59,7 +59,7 @@ pub use bind::{
     BindingState, PendingInfo, SharedBinding,
 };
 pub use binding::Binding;
-pub use capwire_manifest::AuthClass;
+pub use capwire_manifest::{AuthClass, DeclaredClass};
 pub use decide::{
     Decision, DenyReason, OwnedPermit, Permit, Unauthorized, Unlisted, control_auth_class, decide,
 };

@@ -101,7 +101,10 @@ mod tests {
         assert!(TransportConfig::default().validate().is_ok());
         let mut c = TransportConfig::default();
         c.keepalive_interval = c.idle_timeout;
-        assert!(matches!(c.validate(), Err(TransportError::InvalidConfig(_))));
+        assert!(matches!(
+            c.validate(),
+            Err(TransportError::InvalidConfig(_))
+        ));
         let mut c = TransportConfig::default();
         c.send_queue_depth = 0;
         assert!(c.validate().is_err());

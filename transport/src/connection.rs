@@ -79,8 +79,12 @@ impl Shared {
     fn finish(&self, end: End) {
         if self.end.set(end).is_ok() {
             match self.end.get() {
-                Some(End::Failed(e)) => debug!(remote = %self.remote, error = %e, "connection failed"),
-                Some(End::Peer(r)) => debug!(remote = %self.remote, code = ?r.code, "closed by peer"),
+                Some(End::Failed(e)) => {
+                    debug!(remote = %self.remote, error = %e, "connection failed")
+                }
+                Some(End::Peer(r)) => {
+                    debug!(remote = %self.remote, code = ?r.code, "closed by peer")
+                }
                 _ => debug!(remote = %self.remote, "closed locally"),
             }
         }

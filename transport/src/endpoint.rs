@@ -14,9 +14,7 @@ use tracing::debug;
 use crate::config::TransportConfig;
 use crate::connection::{Connection, linger};
 use crate::error::{TransportError, Violation};
-use crate::handshake::{
-    Initiator, MESSAGE_1_LEN, MESSAGE_2_LEN, MESSAGE_3_LEN, Responder,
-};
+use crate::handshake::{Initiator, MESSAGE_1_LEN, MESSAGE_2_LEN, MESSAGE_3_LEN, Responder};
 use crate::keys::{EntropySource, Keypair, OsEntropy, canonical_node_id};
 use crate::policy::ContactPolicy;
 use crate::record::{CloseCode, LENGTH_PREFIX_LEN, RecordEncoder};

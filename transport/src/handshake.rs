@@ -613,9 +613,7 @@ mod tests {
         let mut m3 = Vec::new();
         ss.encrypt_and_hash(forger_static.public().as_bytes(), &mut m3)
             .unwrap();
-        let se = forger_static
-            .secret()
-            .diffie_hellman(&PublicKey::from(re));
+        let se = forger_static.secret().diffie_hellman(&PublicKey::from(re));
         ss.mix_key(se.as_bytes());
         ss.encrypt_and_hash(&[], &mut m3).unwrap();
         let session = waiting.read_message(&m3, &mut payload).unwrap();

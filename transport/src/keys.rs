@@ -222,11 +222,17 @@ mod tests {
     fn canonical_form_reduces_and_clears_bit_255() {
         // p itself is 0, p + 1 is 1, p + 18 is 18.
         let mut p = P;
-        assert_eq!(canonical_node_id(&NodeId::from_bytes(p)), NodeId::from_bytes([0; 32]));
+        assert_eq!(
+            canonical_node_id(&NodeId::from_bytes(p)),
+            NodeId::from_bytes([0; 32])
+        );
         p[0] = 0xee;
         let mut one = [0u8; 32];
         one[0] = 1;
-        assert_eq!(canonical_node_id(&NodeId::from_bytes(p)), NodeId::from_bytes(one));
+        assert_eq!(
+            canonical_node_id(&NodeId::from_bytes(p)),
+            NodeId::from_bytes(one)
+        );
         p[0] = 0xff;
         let mut eighteen = [0u8; 32];
         eighteen[0] = 18;
@@ -237,11 +243,17 @@ mod tests {
         // p - 1 is canonical already.
         let mut pm1 = P;
         pm1[0] = 0xec;
-        assert_eq!(canonical_node_id(&NodeId::from_bytes(pm1)), NodeId::from_bytes(pm1));
+        assert_eq!(
+            canonical_node_id(&NodeId::from_bytes(pm1)),
+            NodeId::from_bytes(pm1)
+        );
         // Bit 255 is ignored.
         let mut high = pm1;
         high[31] |= 0x80;
-        assert_eq!(canonical_node_id(&NodeId::from_bytes(high)), NodeId::from_bytes(pm1));
+        assert_eq!(
+            canonical_node_id(&NodeId::from_bytes(high)),
+            NodeId::from_bytes(pm1)
+        );
     }
 
     #[test]
@@ -273,7 +285,10 @@ mod tests {
 
     #[test]
     fn key_generation_fails_without_entropy() {
-        assert!(matches!(Keypair::generate_with(&Broken), Err(TransportError::Rng)));
+        assert!(matches!(
+            Keypair::generate_with(&Broken),
+            Err(TransportError::Rng)
+        ));
     }
 
     #[test]
@@ -281,6 +296,9 @@ mod tests {
         let a = Keypair::generate().unwrap();
         let b = Keypair::generate().unwrap();
         assert_ne!(a.public(), b.public());
-        assert_eq!(Keypair::from_secret_bytes(*a.secret_bytes()).public(), a.public());
+        assert_eq!(
+            Keypair::from_secret_bytes(*a.secret_bytes()).public(),
+            a.public()
+        );
     }
 }

@@ -549,7 +549,10 @@ mod tests {
         let (i, r) = pair();
         let (sealer, _) = i.split();
         let (_, opener) = r.split();
-        (RecordEncoder::new(sealer, max, rekey), RecordDecoder::new(opener, max))
+        (
+            RecordEncoder::new(sealer, max, rekey),
+            RecordDecoder::new(opener, max),
+        )
     }
 
     fn message_lengths(wire: &[u8]) -> Vec<usize> {

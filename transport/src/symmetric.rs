@@ -263,8 +263,14 @@ mod tests {
         block[..20].copy_from_slice(&key);
         let ipad: Vec<u8> = block.iter().map(|b| b ^ 0x36).collect();
         let opad: Vec<u8> = block.iter().map(|b| b ^ 0x5c).collect();
-        let inner = Blake2s256::new().chain_update(&ipad).chain_update(msg).finalize();
-        let outer = Blake2s256::new().chain_update(&opad).chain_update(inner).finalize();
+        let inner = Blake2s256::new()
+            .chain_update(&ipad)
+            .chain_update(msg)
+            .finalize();
+        let outer = Blake2s256::new()
+            .chain_update(&opad)
+            .chain_update(inner)
+            .finalize();
         assert_eq!(hmac(&key, &[msg]).as_ref(), outer.as_slice());
     }
 

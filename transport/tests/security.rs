@@ -16,7 +16,9 @@ use capwire_transport::{
     RecordDecoder, RecordEncoder, Responder, TransportConfig, TransportError, TransportSession,
     Violation, canonical_node_id,
 };
-use common::{Out, SnowPeer, default_endpoint, duplex, endpoint, read_msg, snow_builder, write_msg};
+use common::{
+    Out, SnowPeer, default_endpoint, duplex, endpoint, read_msg, snow_builder, write_msg,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn violation(r: Result<impl std::fmt::Debug, TransportError>) -> Violation {
@@ -29,7 +31,10 @@ fn violation(r: Result<impl std::fmt::Debug, TransportError>) -> Violation {
 /// Our endpoint accepts; a snow-based peer connects. Returns both.
 async fn snow_client(
     server: &capwire_transport::Endpoint,
-) -> (capwire_transport::Connection, SnowPeer<tokio::io::DuplexStream>) {
+) -> (
+    capwire_transport::Connection,
+    SnowPeer<tokio::io::DuplexStream>,
+) {
     let (a, b) = duplex();
     let server = server.clone();
     let accept = tokio::spawn(async move { server.accept(b).await });
@@ -130,7 +135,10 @@ async fn item01_plaintext_larger_than_one_message_is_split_never_truncated() {
     conn.send(record.clone()).await.unwrap();
     let (got, messages) = peer.await.unwrap();
     assert_eq!(got, record);
-    assert!(messages >= 17, "1 MiB needs at least 17 messages of at most 65535 bytes");
+    assert!(
+        messages >= 17,
+        "1 MiB needs at least 17 messages of at most 65535 bytes"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -147,7 +155,10 @@ async fn item02_truncated_message_then_end_of_stream_is_peer_lost() {
     let n = peer.transport.write_message(&plain, &mut sealed).unwrap();
     let mut framed = (n as u16).to_be_bytes().to_vec();
     framed.extend_from_slice(&sealed[..n]);
-    peer.stream.write_all(&framed[..framed.len() / 2]).await.unwrap();
+    peer.stream
+        .write_all(&framed[..framed.len() / 2])
+        .await
+        .unwrap();
     peer.stream.shutdown().await.unwrap();
     assert_eq!(&conn.recv().await.unwrap().unwrap()[..], b"whole");
     assert!(matches!(conn.recv().await, Err(TransportError::PeerLost)));
@@ -184,7 +195,10 @@ async fn item02_slow_loris_handshake_hits_the_deadline() {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });
-    assert!(matches!(accept.await.unwrap(), Err(TransportError::HandshakeTimeout)));
+    assert!(matches!(
+        accept.await.unwrap(),
+        Err(TransportError::HandshakeTimeout)
+    ));
     dribble.await.unwrap();
 }
 
@@ -192,7 +206,10 @@ async fn item02_slow_loris_handshake_hits_the_deadline() {
 async fn item02_silent_peer_during_handshake_hits_the_deadline() {
     let ours = default_endpoint();
     let (_a, b) = duplex();
-    assert!(matches!(ours.accept(b).await, Err(TransportError::HandshakeTimeout)));
+    assert!(matches!(
+        ours.accept(b).await,
+        Err(TransportError::HandshakeTimeout)
+    ));
     let (a, _b) = duplex();
     assert!(matches!(
         ours.connect(a, None).await,
@@ -219,7 +236,10 @@ async fn item02_slow_loris_after_handshake_hits_the_idle_deadline() {
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
     });
-    assert!(matches!(conn.recv().await, Err(TransportError::IdleTimeout)));
+    assert!(matches!(
+        conn.recv().await,
+        Err(TransportError::IdleTimeout)
+    ));
     dribble.await.unwrap();
 }
 
@@ -227,7 +247,10 @@ async fn item02_slow_loris_after_handshake_hits_the_idle_deadline() {
 async fn item02_silent_peer_after_handshake_hits_the_idle_deadline() {
     let server = default_endpoint();
     let (mut conn, _peer) = snow_client(&server).await;
-    assert!(matches!(conn.recv().await, Err(TransportError::IdleTimeout)));
+    assert!(matches!(
+        conn.recv().await,
+        Err(TransportError::IdleTimeout)
+    ));
     assert!(matches!(
         conn.send(&b"late"[..]).await,
         Err(TransportError::IdleTimeout)
@@ -241,7 +264,13 @@ async fn item02_silent_peer_after_handshake_hits_the_idle_deadline() {
 #[test]
 fn item03_bit_flip_releases_nothing_and_keeps_the_nonce() {
     let plaintext = b"attack at dawn, bring snacks";
-    for position in [0, 10, plaintext.len() - 1, plaintext.len(), plaintext.len() + 15] {
+    for position in [
+        0,
+        10,
+        plaintext.len() - 1,
+        plaintext.len(),
+        plaintext.len() + 15,
+    ] {
         let (mut a, b) = session_pair();
         let (_, mut opener) = b.split();
         let mut msg = Vec::new();
@@ -249,7 +278,10 @@ fn item03_bit_flip_releases_nothing_and_keeps_the_nonce() {
         let mut flipped = msg.clone();
         flipped[position] ^= 0x01;
         let mut out = Vec::new();
-        assert_eq!(violation(opener.open(&flipped, &mut out)), Violation::Decrypt);
+        assert_eq!(
+            violation(opener.open(&flipped, &mut out)),
+            Violation::Decrypt
+        );
         assert!(out.is_empty(), "no plaintext released");
         assert_eq!(opener.nonce(), 0, "nonce not advanced");
         // The session is over: even the genuine message is refused now.
@@ -289,7 +321,10 @@ async fn item03_bit_flip_on_the_wire_closes_the_session() {
         let mut conn = accept.await.unwrap().unwrap();
         peer.send_records(&[b"first record here", b"second record here"])
             .await;
-        assert_eq!(&conn.recv().await.unwrap().unwrap()[..], b"first record here");
+        assert_eq!(
+            &conn.recv().await.unwrap().unwrap()[..],
+            b"first record here"
+        );
         assert_eq!(violation(conn.recv().await), Violation::Decrypt, "{what}");
     }
 }
@@ -309,7 +344,9 @@ fn item04_replay_reorder_duplicate_drop_and_reflection_fail_in_the_core() {
             .collect::<Vec<_>>()
     };
     let cases: [(&str, fn(&[Vec<u8>]) -> Vec<Vec<u8>>); 4] = [
-        ("replayed", |m| vec![m[0].clone(), m[1].clone(), m[0].clone()]),
+        ("replayed", |m| {
+            vec![m[0].clone(), m[1].clone(), m[0].clone()]
+        }),
         ("reordered", |m| vec![m[1].clone(), m[0].clone()]),
         ("duplicated", |m| vec![m[0].clone(), m[0].clone()]),
         ("dropped", |m| vec![m[0].clone(), m[2].clone()]),
@@ -325,7 +362,10 @@ fn item04_replay_reorder_duplicate_drop_and_reflection_fail_in_the_core() {
             match b.open(m, &mut out) {
                 Ok(()) => delivered.push(out),
                 Err(e) => {
-                    assert!(matches!(e, TransportError::PeerMisbehaved(Violation::Decrypt)));
+                    assert!(matches!(
+                        e,
+                        TransportError::PeerMisbehaved(Violation::Decrypt)
+                    ));
                     assert!(out.is_empty());
                     failed = true;
                     break;
@@ -385,7 +425,10 @@ async fn item04_replayed_frame_closes() {
     })
     .await;
     assert_eq!(got, vec![b"r0".to_vec()]);
-    assert!(matches!(err, TransportError::PeerMisbehaved(Violation::Decrypt)));
+    assert!(matches!(
+        err,
+        TransportError::PeerMisbehaved(Violation::Decrypt)
+    ));
 }
 
 #[tokio::test]
@@ -401,7 +444,10 @@ async fn item04_reordered_frames_close() {
     })
     .await;
     assert!(got.is_empty());
-    assert!(matches!(err, TransportError::PeerMisbehaved(Violation::Decrypt)));
+    assert!(matches!(
+        err,
+        TransportError::PeerMisbehaved(Violation::Decrypt)
+    ));
 }
 
 #[tokio::test]
@@ -415,14 +461,27 @@ async fn item04_duplicated_frame_closes() {
     })
     .await;
     assert_eq!(got, vec![b"r0".to_vec()]);
-    assert!(matches!(err, TransportError::PeerMisbehaved(Violation::Decrypt)));
+    assert!(matches!(
+        err,
+        TransportError::PeerMisbehaved(Violation::Decrypt)
+    ));
 }
 
 #[tokio::test]
 async fn item04_dropped_frame_closes() {
-    let (got, err) = tampered(|i, m| if i == 3 { vec![] } else { vec![Out::ToServer(m)] }).await;
+    let (got, err) = tampered(|i, m| {
+        if i == 3 {
+            vec![]
+        } else {
+            vec![Out::ToServer(m)]
+        }
+    })
+    .await;
     assert_eq!(got, vec![b"r0".to_vec()]);
-    assert!(matches!(err, TransportError::PeerMisbehaved(Violation::Decrypt)));
+    assert!(matches!(
+        err,
+        TransportError::PeerMisbehaved(Violation::Decrypt)
+    ));
 }
 
 #[tokio::test]
@@ -468,13 +527,20 @@ fn item05_nonce_exhaustion_is_typed_and_never_wraps() {
         Err(TransportError::NonceExhausted)
     ));
     assert!(m2.is_empty());
-    assert_eq!(sealer.nonce(), u64::MAX, "stays at the end, never wraps to 0");
+    assert_eq!(
+        sealer.nonce(),
+        u64::MAX,
+        "stays at the end, never wraps to 0"
+    );
     assert!(matches!(
         sealer.seal(b"again", &mut m2),
         Err(TransportError::NonceExhausted)
     ));
     // The receiver cannot be walked past the end either.
-    assert!(matches!(opener.open(&m, &mut out), Err(TransportError::NonceExhausted)));
+    assert!(matches!(
+        opener.open(&m, &mut out),
+        Err(TransportError::NonceExhausted)
+    ));
 
     // The record encoder refuses for good once its sealer is exhausted.
     let (a, _) = session_pair();
@@ -484,7 +550,10 @@ fn item05_nonce_exhaustion_is_typed_and_never_wraps() {
     enc.push_record(b"x").unwrap();
     assert!(matches!(enc.flush(), Err(TransportError::NonceExhausted)));
     assert!(enc.wire().is_empty());
-    assert!(matches!(enc.push_record(b"y"), Err(TransportError::NonceExhausted)));
+    assert!(matches!(
+        enc.push_record(b"y"),
+        Err(TransportError::NonceExhausted)
+    ));
 }
 
 #[tokio::test]
@@ -523,7 +592,10 @@ async fn item06_stream_cut_without_close_is_peer_lost() {
     assert_eq!(peer.recv_record().await, b"request");
     let waiting = tokio::spawn(async move { receiver.recv().await });
     drop(peer);
-    assert!(matches!(waiting.await.unwrap(), Err(TransportError::PeerLost)));
+    assert!(matches!(
+        waiting.await.unwrap(),
+        Err(TransportError::PeerLost)
+    ));
     assert!(matches!(
         sender.ended().await,
         ConnectionEnd::Failed(TransportError::PeerLost)
@@ -566,7 +638,10 @@ async fn item07_mismatch_fails_our_initiator() {
         let (a, mut b) = duplex();
         let secret = *secret;
         let peer = tokio::spawn(async move {
-            let mut hs = mismatched_builders(&secret).remove(index).build_responder().unwrap();
+            let mut hs = mismatched_builders(&secret)
+                .remove(index)
+                .build_responder()
+                .unwrap();
             let mut buf = vec![0u8; 65535];
             let m1 = read_msg(&mut b).await.unwrap().unwrap();
             hs.read_message(&m1, &mut buf).unwrap();
@@ -589,7 +664,10 @@ async fn item07_mismatch_fails_our_responder() {
         let (mut a, b) = duplex();
         let srv = ours.clone();
         let accept = tokio::spawn(async move { srv.accept(b).await });
-        let mut hs = mismatched_builders(&secret).remove(index).build_initiator().unwrap();
+        let mut hs = mismatched_builders(&secret)
+            .remove(index)
+            .build_initiator()
+            .unwrap();
         let mut buf = vec![0u8; 65535];
         let n = hs.write_message(&[], &mut buf).unwrap();
         write_msg(&mut a, &buf[..n]).await.unwrap();
@@ -597,7 +675,10 @@ async fn item07_mismatch_fails_our_responder() {
         // The mismatch shows when the initiator checks message 2.
         assert!(hs.read_message(&m2, &mut buf).is_err());
         drop(a);
-        assert!(matches!(accept.await.unwrap(), Err(TransportError::PeerLost)));
+        assert!(matches!(
+            accept.await.unwrap(),
+            Err(TransportError::PeerLost)
+        ));
     }
 }
 
@@ -622,9 +703,18 @@ fn framed(len: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn item08_short_and_long_message_1() {
-    assert_eq!(violation(accept_raw(framed(31)).await), Violation::ShortMessage);
-    assert_eq!(violation(accept_raw(framed(33)).await), Violation::MessageLength);
-    assert_eq!(violation(accept_raw(framed(0)).await), Violation::ShortMessage);
+    assert_eq!(
+        violation(accept_raw(framed(31)).await),
+        Violation::ShortMessage
+    );
+    assert_eq!(
+        violation(accept_raw(framed(33)).await),
+        Violation::MessageLength
+    );
+    assert_eq!(
+        violation(accept_raw(framed(0)).await),
+        Violation::ShortMessage
+    );
 }
 
 #[tokio::test]
@@ -673,16 +763,24 @@ fn snow_reply(extra: &[u8]) -> impl FnOnce(Vec<u8>) -> Vec<u8> + Send + 'static 
 
 #[tokio::test]
 async fn item08_short_and_long_message_2() {
-    assert_eq!(violation(connect_to_script(|_| framed(95)).await), Violation::ShortMessage);
-    assert_eq!(violation(connect_to_script(|_| framed(97)).await), Violation::MessageLength);
+    assert_eq!(
+        violation(connect_to_script(|_| framed(95)).await),
+        Violation::ShortMessage
+    );
+    assert_eq!(
+        violation(connect_to_script(|_| framed(97)).await),
+        Violation::MessageLength
+    );
     // Two initiators: the "reply" is another message 1.
     assert_eq!(
-        violation(connect_to_script(|m1| {
-            let mut v = (m1.len() as u16).to_be_bytes().to_vec();
-            v.extend_from_slice(&m1);
-            v
-        })
-        .await),
+        violation(
+            connect_to_script(|m1| {
+                let mut v = (m1.len() as u16).to_be_bytes().to_vec();
+                v.extend_from_slice(&m1);
+                v
+            })
+            .await
+        ),
         Violation::ShortMessage
     );
 }
@@ -690,7 +788,10 @@ async fn item08_short_and_long_message_2() {
 #[tokio::test]
 async fn item08_bytes_after_message_2_are_out_of_turn() {
     // A valid message 2 followed by an early transport message.
-    assert_eq!(violation(connect_to_script(snow_reply(&framed(20))).await), Violation::OutOfTurn);
+    assert_eq!(
+        violation(connect_to_script(snow_reply(&framed(20))).await),
+        Violation::OutOfTurn
+    );
     // Control: the same script without the extra bytes succeeds.
     assert!(connect_to_script(snow_reply(&[])).await.is_ok());
 }
@@ -784,7 +885,10 @@ async fn item09_low_order_ephemeral_in_message_2_aborts() {
             out.extend_from_slice(&m2);
             out
         };
-        assert_eq!(violation(connect_to_script(reply).await), Violation::LowOrderKey);
+        assert_eq!(
+            violation(connect_to_script(reply).await),
+            Violation::LowOrderKey
+        );
     }
 }
 
@@ -829,21 +933,38 @@ async fn item10_initiator_refuses_an_unknown_responder_before_finishing() {
         other => panic!("expected Denied, got {other:?}"),
     }
     // Message 3 was never sent.
-    assert!(matches!(accept.await.unwrap(), Err(TransportError::PeerLost)));
+    assert!(matches!(
+        accept.await.unwrap(),
+        Err(TransportError::PeerLost)
+    ));
 }
 
 #[tokio::test]
 async fn item10_our_own_key_is_refused_in_both_roles() {
     let kp = Keypair::generate().unwrap();
-    let a = capwire_transport::Endpoint::new(kp.clone(), TransportConfig::default(), ContactPolicy::AcceptAny);
-    let b = capwire_transport::Endpoint::new(kp.clone(), TransportConfig::default(), ContactPolicy::AcceptAny);
+    let a = capwire_transport::Endpoint::new(
+        kp.clone(),
+        TransportConfig::default(),
+        ContactPolicy::AcceptAny,
+    );
+    let b = capwire_transport::Endpoint::new(
+        kp.clone(),
+        TransportConfig::default(),
+        ContactPolicy::AcceptAny,
+    );
     let (x, y) = duplex();
     let accept = tokio::spawn(async move { b.accept(y).await });
-    assert!(matches!(a.connect(x, None).await, Err(TransportError::Denied(id)) if id == kp.public()));
+    assert!(
+        matches!(a.connect(x, None).await, Err(TransportError::Denied(id)) if id == kp.public())
+    );
     assert!(accept.await.unwrap().is_err());
 
     // As responder: a peer that holds our key and does not check.
-    let server = capwire_transport::Endpoint::new(kp.clone(), TransportConfig::default(), ContactPolicy::AcceptAny);
+    let server = capwire_transport::Endpoint::new(
+        kp.clone(),
+        TransportConfig::default(),
+        ContactPolicy::AcceptAny,
+    );
     let (x, y) = duplex();
     let accept = tokio::spawn(async move { server.accept(y).await });
     let _peer = SnowPeer::connect(x, &kp.secret_bytes()).await;
@@ -887,7 +1008,10 @@ async fn item10_bit_255_alias_is_treated_as_the_key_it_really_is() {
     let aliased = kp.clone().with_public_encoding_for_testing(alias).unwrap();
 
     // A known key in another encoding is accepted and reported canonically.
-    let server = endpoint(TransportConfig::default(), ContactPolicy::allow_list([kp.public()]));
+    let server = endpoint(
+        TransportConfig::default(),
+        ContactPolicy::allow_list([kp.public()]),
+    );
     let conn = raw_initiator(&server, &aliased).await.unwrap();
     assert_eq!(conn.remote(), kp.public());
     assert_eq!(*conn.remote().as_bytes(), *kp.public().as_bytes());
@@ -897,7 +1021,10 @@ async fn item10_bit_255_alias_is_treated_as_the_key_it_really_is() {
         TransportConfig::default(),
         ContactPolicy::AllowList([NodeId::from_bytes(alias)].into()),
     );
-    assert_eq!(raw_initiator(&server, &kp).await.unwrap().remote(), kp.public());
+    assert_eq!(
+        raw_initiator(&server, &kp).await.unwrap().remote(),
+        kp.public()
+    );
 
     // An unknown key is refused under its canonical name whatever the encoding.
     let server = endpoint(
@@ -910,7 +1037,11 @@ async fn item10_bit_255_alias_is_treated_as_the_key_it_really_is() {
     ));
 
     // Our own key with bit 255 flipped is still our own key.
-    let server = capwire_transport::Endpoint::new(kp.clone(), TransportConfig::default(), ContactPolicy::AcceptAny);
+    let server = capwire_transport::Endpoint::new(
+        kp.clone(),
+        TransportConfig::default(),
+        ContactPolicy::AcceptAny,
+    );
     assert!(matches!(
         raw_initiator(&server, &aliased).await,
         Err(TransportError::Denied(id)) if id == kp.public()
@@ -918,10 +1049,17 @@ async fn item10_bit_255_alias_is_treated_as_the_key_it_really_is() {
 
     // And so does `connect(expected_remote)` compare canonical forms.
     let client = default_endpoint();
-    let server = capwire_transport::Endpoint::new(aliased.clone(), TransportConfig::default(), ContactPolicy::AcceptAny);
+    let server = capwire_transport::Endpoint::new(
+        aliased.clone(),
+        TransportConfig::default(),
+        ContactPolicy::AcceptAny,
+    );
     let (a, b) = duplex();
     let accept = tokio::spawn(async move { server.accept(b).await });
-    let conn = client.connect(a, Some(NodeId::from_bytes(alias))).await.unwrap();
+    let conn = client
+        .connect(a, Some(NodeId::from_bytes(alias)))
+        .await
+        .unwrap();
     assert_eq!(conn.remote(), kp.public());
     accept.await.unwrap().unwrap();
 }
@@ -937,7 +1075,11 @@ async fn item11_half_open_flood_is_bounded_and_sessions_carry_on() {
     let server = endpoint(config, ContactPolicy::AcceptAny);
     let client = default_endpoint();
     let (established_client, mut established_server) = common::connected(&client, &server).await;
-    assert_eq!(server.available_handshake_slots(), 4, "sessions hold no slot");
+    assert_eq!(
+        server.available_handshake_slots(),
+        4,
+        "sessions hold no slot"
+    );
 
     // Four half-open connections that never speak take every slot.
     let mut silent = Vec::new();
@@ -952,15 +1094,24 @@ async fn item11_half_open_flood_is_bounded_and_sessions_carry_on() {
     assert_eq!(server.available_handshake_slots(), 0);
     // The next one is refused at once, without waiting.
     let (_x, y) = duplex();
-    assert!(matches!(server.accept(y).await, Err(TransportError::TooManyHandshakes)));
+    assert!(matches!(
+        server.accept(y).await,
+        Err(TransportError::TooManyHandshakes)
+    ));
 
     // The established session is unaffected.
     established_client.send(&b"still here"[..]).await.unwrap();
-    assert_eq!(&established_server.recv().await.unwrap().unwrap()[..], b"still here");
+    assert_eq!(
+        &established_server.recv().await.unwrap().unwrap()[..],
+        b"still here"
+    );
 
     // The half-open ones expire at the handshake deadline, freeing the slots.
     for p in pending {
-        assert!(matches!(p.await.unwrap(), Err(TransportError::HandshakeTimeout)));
+        assert!(matches!(
+            p.await.unwrap(),
+            Err(TransportError::HandshakeTimeout)
+        ));
     }
     assert_eq!(server.available_handshake_slots(), 4);
     let (c, s) = common::connected(&client, &server).await;
@@ -992,15 +1143,22 @@ impl EntropySource for Failing {
 #[tokio::test]
 async fn item12_rng_failure_aborts_without_fallback() {
     assert!(matches!(
-        Keypair::generate_with(&Failing { ok: AtomicUsize::new(0) }),
+        Keypair::generate_with(&Failing {
+            ok: AtomicUsize::new(0)
+        }),
         Err(TransportError::Rng)
     ));
-    let broken: Arc<dyn EntropySource> = Arc::new(Failing { ok: AtomicUsize::new(0) });
+    let broken: Arc<dyn EntropySource> = Arc::new(Failing {
+        ok: AtomicUsize::new(0),
+    });
     let ours = default_endpoint().with_entropy(broken);
 
     // Initiator: nothing at all is written.
     let (a, mut b) = duplex();
-    assert!(matches!(ours.connect(a, None).await, Err(TransportError::Rng)));
+    assert!(matches!(
+        ours.connect(a, None).await,
+        Err(TransportError::Rng)
+    ));
     let mut seen = Vec::new();
     b.read_to_end(&mut seen).await.unwrap();
     assert!(seen.is_empty(), "no handshake bytes without randomness");
@@ -1014,9 +1172,17 @@ async fn item12_rng_failure_aborts_without_fallback() {
 
     // The core reports it the same way.
     let kp = Keypair::generate().unwrap();
-    let failing = Failing { ok: AtomicUsize::new(0) };
-    assert!(matches!(Initiator::new(&kp, &failing), Err(TransportError::Rng)));
-    assert!(matches!(Responder::new(&kp, &failing), Err(TransportError::Rng)));
+    let failing = Failing {
+        ok: AtomicUsize::new(0),
+    };
+    assert!(matches!(
+        Initiator::new(&kp, &failing),
+        Err(TransportError::Rng)
+    ));
+    assert!(matches!(
+        Responder::new(&kp, &failing),
+        Err(TransportError::Rng)
+    ));
 }
 
 #[test]

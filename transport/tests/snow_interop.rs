@@ -21,7 +21,9 @@ const MAX_NOISE_PLAINTEXT: usize = 65535 - 16;
 fn core_initiator_vs_snow() -> (TransportSession, snow::TransportState, Keypair, Keypair) {
     let ours = Keypair::generate().unwrap();
     let theirs = Keypair::generate().unwrap();
-    let mut snow = snow_builder(&theirs.secret_bytes()).build_responder().unwrap();
+    let mut snow = snow_builder(&theirs.secret_bytes())
+        .build_responder()
+        .unwrap();
     let mut buf = vec![0u8; 65535];
     let mut wire = Vec::new();
     let mut payload = Vec::new();
@@ -46,7 +48,9 @@ fn core_initiator_vs_snow() -> (TransportSession, snow::TransportState, Keypair,
 fn snow_vs_core_responder() -> (TransportSession, snow::TransportState) {
     let ours = Keypair::generate().unwrap();
     let theirs = Keypair::generate().unwrap();
-    let mut snow = snow_builder(&theirs.secret_bytes()).build_initiator().unwrap();
+    let mut snow = snow_builder(&theirs.secret_bytes())
+        .build_initiator()
+        .unwrap();
     let mut buf = vec![0u8; 65535];
     let mut wire = Vec::new();
     let mut payload = Vec::new();
@@ -72,7 +76,10 @@ fn exchange(ours: &mut TransportSession, snow: &mut snow::TransportState, payloa
     let mut wire = Vec::new();
     let mut got = Vec::new();
     // Ours to snow.
-    for part in payload.chunks(MAX_NOISE_PLAINTEXT).chain(payload.is_empty().then_some(&[][..])) {
+    for part in payload
+        .chunks(MAX_NOISE_PLAINTEXT)
+        .chain(payload.is_empty().then_some(&[][..]))
+    {
         wire.clear();
         ours.seal(part, &mut wire).unwrap();
         assert_eq!(wire.len(), part.len() + 16);
@@ -82,7 +89,10 @@ fn exchange(ours: &mut TransportSession, snow: &mut snow::TransportState, payloa
     assert_eq!(got, payload);
     // Snow to ours.
     got.clear();
-    for part in payload.chunks(MAX_NOISE_PLAINTEXT).chain(payload.is_empty().then_some(&[][..])) {
+    for part in payload
+        .chunks(MAX_NOISE_PLAINTEXT)
+        .chain(payload.is_empty().then_some(&[][..]))
+    {
         let n = snow.write_message(part, &mut buf).unwrap();
         ours.open(&buf[..n], &mut got).unwrap();
     }
@@ -280,7 +290,11 @@ proptest! {
 async fn in_band_rekey_is_understood_by_snow() {
     let mut config = TransportConfig::default();
     config.rekey_after_messages = Some(2);
-    let endpoint = Endpoint::new(Keypair::generate().unwrap(), config, ContactPolicy::AcceptAny);
+    let endpoint = Endpoint::new(
+        Keypair::generate().unwrap(),
+        config,
+        ContactPolicy::AcceptAny,
+    );
     let peer_kp = Keypair::generate().unwrap();
     let (a, b) = tokio::io::duplex(64 * 1024);
     let peer = tokio::spawn(async move {

@@ -74,18 +74,10 @@ fn run(v: &Vector) -> bool {
     let m = &v.messages;
     assert!(m.len() >= 3);
 
-    let initiator = Initiator::with_prologue(
-        &init_kp,
-        &init_prologue,
-        &Fixed(key(&v.init_ephemeral)),
-    )
-    .unwrap();
-    let responder = Responder::with_prologue(
-        &resp_kp,
-        &resp_prologue,
-        &Fixed(key(&v.resp_ephemeral)),
-    )
-    .unwrap();
+    let initiator =
+        Initiator::with_prologue(&init_kp, &init_prologue, &Fixed(key(&v.init_ephemeral))).unwrap();
+    let responder =
+        Responder::with_prologue(&resp_kp, &resp_prologue, &Fixed(key(&v.resp_ephemeral))).unwrap();
 
     let mut wire = Vec::new();
     let mut payload = Vec::new();
@@ -119,7 +111,12 @@ fn run(v: &Vector) -> bool {
 
     let checked_hash = match &v.handshake_hash {
         Some(h) => {
-            assert_eq!(init.handshake_hash().to_vec(), unhex(h), "{}: handshake hash", v.origin);
+            assert_eq!(
+                init.handshake_hash().to_vec(),
+                unhex(h),
+                "{}: handshake hash",
+                v.origin
+            );
             true
         }
         None => false,
@@ -135,7 +132,13 @@ fn run(v: &Vector) -> bool {
         wire.clear();
         payload.clear();
         sender.seal(&unhex(&msg.payload), &mut wire).unwrap();
-        assert_eq!(wire, unhex(&msg.ciphertext), "{}: message {}", v.origin, i + 1);
+        assert_eq!(
+            wire,
+            unhex(&msg.ciphertext),
+            "{}: message {}",
+            v.origin,
+            i + 1
+        );
         receiver.open(&wire, &mut payload).unwrap();
         assert_eq!(payload, unhex(&msg.payload));
     }

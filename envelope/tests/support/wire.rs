@@ -2,13 +2,13 @@
 //! and frame maps assembled field by field.
 #![allow(dead_code)]
 
-pub const BYTES: u8 = 2;
-pub const TEXT: u8 = 3;
-pub const ARRAY: u8 = 4;
-pub const MAP: u8 = 5;
+pub(crate) const BYTES: u8 = 2;
+pub(crate) const TEXT: u8 = 3;
+pub(crate) const ARRAY: u8 = 4;
+pub(crate) const MAP: u8 = 5;
 
 /// A header in its shortest form.
-pub fn head(major: u8, n: u64) -> Vec<u8> {
+pub(crate) fn head(major: u8, n: u64) -> Vec<u8> {
     let m = major << 5;
     match n {
         0..=23 => vec![m | n as u8],
@@ -20,24 +20,24 @@ pub fn head(major: u8, n: u64) -> Vec<u8> {
 }
 
 /// A header with an 8-byte argument, whatever the value.
-pub fn head8(major: u8, n: u64) -> Vec<u8> {
+pub(crate) fn head8(major: u8, n: u64) -> Vec<u8> {
     [&[(major << 5) | 27][..], &n.to_be_bytes()].concat()
 }
 
-pub fn text(s: &str) -> Vec<u8> {
+pub(crate) fn text(s: &str) -> Vec<u8> {
     [head(TEXT, s.len() as u64), s.as_bytes().to_vec()].concat()
 }
 
-pub fn text_bytes(s: &[u8]) -> Vec<u8> {
+pub(crate) fn text_bytes(s: &[u8]) -> Vec<u8> {
     [head(TEXT, s.len() as u64), s.to_vec()].concat()
 }
 
-pub fn uint(n: u64) -> Vec<u8> {
+pub(crate) fn uint(n: u64) -> Vec<u8> {
     head(0, n)
 }
 
 /// A map from text keys to already-encoded values, in the given order.
-pub fn map<K: AsRef<str>>(fields: &[(K, Vec<u8>)]) -> Vec<u8> {
+pub(crate) fn map<K: AsRef<str>>(fields: &[(K, Vec<u8>)]) -> Vec<u8> {
     let mut out = head(MAP, fields.len() as u64);
     for (k, v) in fields {
         out.extend(text(k.as_ref()));
@@ -48,7 +48,7 @@ pub fn map<K: AsRef<str>>(fields: &[(K, Vec<u8>)]) -> Vec<u8> {
 
 /// The fields of a valid control frame (`app.echo` / `say`, req_id `42`,
 /// args `{"text": "hello"}`).
-pub fn control_fields() -> Vec<(String, Vec<u8>)> {
+pub(crate) fn control_fields() -> Vec<(String, Vec<u8>)> {
     [
         ("type", text("control")),
         ("cap", text("app.echo")),
@@ -62,7 +62,7 @@ pub fn control_fields() -> Vec<(String, Vec<u8>)> {
 }
 
 /// A control frame with one field's value replaced (or added).
-pub fn control_with(field: &str, value: Vec<u8>) -> Vec<u8> {
+pub(crate) fn control_with(field: &str, value: Vec<u8>) -> Vec<u8> {
     let mut fields = control_fields();
     match fields.iter_mut().find(|(k, _)| *k == field) {
         Some(slot) => slot.1 = value,
@@ -72,7 +72,7 @@ pub fn control_with(field: &str, value: Vec<u8>) -> Vec<u8> {
 }
 
 /// `levels` arrays nested in one another.
-pub fn nested_arrays(levels: usize) -> Vec<u8> {
+pub(crate) fn nested_arrays(levels: usize) -> Vec<u8> {
     let mut v = vec![0x81; levels];
     v.push(0xf6);
     v

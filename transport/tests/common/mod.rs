@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use capwire_transport::{
-    ContactPolicy, Connection, Endpoint, Keypair, PROLOGUE, PROTOCOL_NAME, TransportConfig,
+    Connection, ContactPolicy, Endpoint, Keypair, PROLOGUE, PROTOCOL_NAME, TransportConfig,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 
@@ -18,10 +18,7 @@ pub fn default_endpoint() -> Endpoint {
 }
 
 /// Two connected endpoints over an in-memory pair: (client side, server side).
-pub async fn connected(
-    client: &Endpoint,
-    server: &Endpoint,
-) -> (Connection, Connection) {
+pub async fn connected(client: &Endpoint, server: &Endpoint) -> (Connection, Connection) {
     let (a, b) = tokio::io::duplex(256 * 1024);
     let server = server.clone();
     let accept = tokio::spawn(async move { server.accept(b).await });
@@ -135,7 +132,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
     }
 
     pub fn remote_static(&self) -> [u8; 32] {
-        self.transport.get_remote_static().unwrap().try_into().unwrap()
+        self.transport
+            .get_remote_static()
+            .unwrap()
+            .try_into()
+            .unwrap()
     }
 
     /// Seals one plaintext (at most 65519 bytes) and writes it.
@@ -199,7 +200,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
                         record.extend_from_slice(body);
                         self.queue.push_back(Got::Record(record));
                     }
-                    MORE => self.partial.get_or_insert_with(Vec::new).extend_from_slice(body),
+                    MORE => self
+                        .partial
+                        .get_or_insert_with(Vec::new)
+                        .extend_from_slice(body),
                     CLOSE => self.queue.push_back(Got::Close(
                         body[0],
                         String::from_utf8(body[1..].to_vec()).unwrap(),
