@@ -12,8 +12,9 @@ use std::time::Duration;
 /// ```
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Requests from one session that may run at once; more are answered
-    /// `overloaded`. Default 1024.
+    /// Requests and notifications from one session that may run at once;
+    /// more requests are answered `overloaded`, more notifications are
+    /// dropped (and counted as overloaded). Default 1024.
     pub max_inflight_per_session: usize,
     /// Calls this node may have waiting for answers on one session; more
     /// fail locally with `Overloaded`. Default 65536.

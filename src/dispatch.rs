@@ -84,22 +84,34 @@ pub(crate) async fn on_control(
 
     let args = record.slice_ref(c.args);
     let token = s.handlers.child_token();
+    // Requests and notifications of this session share one bound on the
+    // work running at once.
+    let room = s.running.load(Ordering::Relaxed) < inner.limits.max_inflight_per_session;
     if fire_and_forget {
+        if !room {
+            // Nobody waits for an answer: the notification is dropped and
+            // counted.
+            inner.metrics.count_known(cap, verb, Outcome::Overloaded);
+            tracing::debug!(peer = %sender, cap, verb, "notification dropped: overloaded");
+            return Ok(());
+        }
+        s.running.fetch_add(1, Ordering::Relaxed);
         spawn_execution(inner, s, permit, args, c.req_id, c.budget_ms, token);
         return Ok(());
     }
 
-    if s.running.load(Ordering::Relaxed) >= inner.limits.max_inflight_per_session {
-        inner.metrics.count_known(cap, verb, Outcome::Overloaded);
-        let body = ErrorBody::new(ErrorCode::Overloaded, "too many requests in flight");
-        s.send_error(&c.req_id, &body).await;
-        return Ok(());
-    }
-    let admission = lock(&inner.ledger).admit(sender, &c.req_id, &token, Instant::now());
+    // The ledger answers repeats and duplicates even when the session is at
+    // its limit; only a new request is refused for want of room.
+    let admission = lock(&inner.ledger).admit(sender, &c.req_id, &token, room, Instant::now());
     match admission {
         Admission::Run => {
             s.running.fetch_add(1, Ordering::Relaxed);
             spawn_execution(inner, s, permit, args, c.req_id, c.budget_ms, token);
+        }
+        Admission::NoRoom => {
+            inner.metrics.count_known(cap, verb, Outcome::Overloaded);
+            let body = ErrorBody::new(ErrorCode::Overloaded, "too many requests in flight");
+            s.send_error(&c.req_id, &body).await;
         }
         Admission::Running => {
             inner.metrics.count_known(cap, verb, Outcome::Duplicate);
@@ -180,6 +192,7 @@ async fn execute(
         .count_known(info.cap().as_str(), info.verb().as_str(), outcome);
 
     if req_id.is_fire_and_forget() {
+        s.running.fetch_sub(1, Ordering::Relaxed);
         if let Err(e) = &result {
             tracing::debug!(code = %e.code, message = %e.message, "notification failed");
         }
@@ -193,6 +206,15 @@ async fn execute(
     if encoded.is_err() {
         out.clear();
         let body = ErrorBody::new(ErrorCode::Internal, "the response could not be encoded");
+        let _ = encode_response_err(&mut out, &req_id, &body);
+    } else if out.len() > s.max_frame() {
+        // Sent as it is, the response would be refused by our transport or
+        // end the session at the peer's; the caller gets `too_large`.
+        out.clear();
+        let body = ErrorBody::new(
+            ErrorCode::TooLarge,
+            "the result is larger than the caller accepts",
+        );
         let _ = encode_response_err(&mut out, &req_id, &body);
     }
     let response = Bytes::from(out);
@@ -257,9 +279,14 @@ async fn run_handler(
             Err(ErrorBody::new(ErrorCode::Cancelled, "the request was cancelled")),
             Outcome::Cancelled,
         ),
-        _ = tokio::time::sleep_until(deadline) => (
-            Err(ErrorBody::new(ErrorCode::Timeout, "the handler ran out of its budget")),
-            Outcome::Cancelled,
-        ),
+        _ = tokio::time::sleep_until(deadline) => {
+            // `Meta::cancel` promises to fire when the deadline passes, so
+            // work the handler handed off stops too.
+            token.cancel();
+            (
+                Err(ErrorBody::new(ErrorCode::Timeout, "the handler ran out of its budget")),
+                Outcome::Cancelled,
+            )
+        }
     }
 }

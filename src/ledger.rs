@@ -22,7 +22,10 @@ enum Slot {
     Running(CancellationToken),
     /// Finished at `at`; `response` is the encoded response frame, or `None`
     /// when it was dropped to stay within the byte budget.
-    Done { at: Instant, response: Option<Bytes> },
+    Done {
+        at: Instant,
+        response: Option<Bytes>,
+    },
 }
 
 /// What to do with a newly arrived request.
@@ -36,6 +39,9 @@ pub(crate) enum Admission {
     Replay(Bytes),
     /// Finished before, but its response is no longer kept.
     Forgotten,
+    /// Not seen before, and there is no room to run it now. Nothing was
+    /// recorded: the same request may be sent again later.
+    NoRoom,
 }
 
 /// Bounds of the ledger.
@@ -65,12 +71,15 @@ impl Ledger {
         }
     }
 
-    /// Registers a new request, or says why it must not run.
+    /// Registers a new request, or says why it must not run. A request
+    /// seen before is recognised whether or not there is `room`; a new one
+    /// is admitted only when there is.
     pub(crate) fn admit(
         &mut self,
         sender: NodeId,
         req_id: &ReqId,
         cancel: &CancellationToken,
+        room: bool,
         now: Instant,
     ) -> Admission {
         self.expire(now);
@@ -81,6 +90,7 @@ impl Ledger {
                 response: Some(r), ..
             }) => Admission::Replay(r.clone()),
             Some(Slot::Done { response: None, .. }) => Admission::Forgotten,
+            None if !room => Admission::NoRoom,
             None => {
                 self.slots.insert(key, Slot::Running(cancel.clone()));
                 Admission::Run
@@ -139,10 +149,10 @@ impl Ledger {
         let mut idx = 0;
         while self.bytes > self.limits.max_bytes && idx < self.order.len() {
             let key = &self.order[idx].1;
-            if let Some(Slot::Done { response, .. }) = self.slots.get_mut(key) {
-                if let Some(r) = response.take() {
-                    self.bytes -= r.len();
-                }
+            if let Some(Slot::Done { response, .. }) = self.slots.get_mut(key)
+                && let Some(r) = response.take()
+            {
+                self.bytes -= r.len();
             }
             idx += 1;
         }
@@ -155,15 +165,13 @@ impl Ledger {
                 break;
             };
             // Only remove the slot if it is the entry this record describes.
-            if let Some(Slot::Done { at: slot_at, .. }) = self.slots.get(&key) {
-                if *slot_at == at {
-                    if let Some(Slot::Done {
-                        response: Some(r), ..
-                    }) = self.slots.remove(&key)
-                    {
-                        self.bytes -= r.len();
-                    }
-                }
+            if let Some(Slot::Done { at: slot_at, .. }) = self.slots.get(&key)
+                && *slot_at == at
+                && let Some(Slot::Done {
+                    response: Some(r), ..
+                }) = self.slots.remove(&key)
+            {
+                self.bytes -= r.len();
             }
         }
     }
@@ -191,20 +199,38 @@ mod tests {
         let a = NodeId::from_bytes([1; 32]);
         let t = Instant::now();
         let tok = CancellationToken::new();
-        assert!(matches!(l.admit(a, &id(1), &tok, t), Admission::Run));
-        assert!(matches!(l.admit(a, &id(1), &tok, t), Admission::Running));
+        assert!(matches!(l.admit(a, &id(1), &tok, true, t), Admission::Run));
+        assert!(matches!(
+            l.admit(a, &id(1), &tok, true, t),
+            Admission::Running
+        ));
         // another sender with the same req_id is independent
         let b = NodeId::from_bytes([2; 32]);
-        assert!(matches!(l.admit(b, &id(1), &tok, t), Admission::Run));
+        assert!(matches!(l.admit(b, &id(1), &tok, true, t), Admission::Run));
         assert!(l.cancel(a, &id(1)));
         assert!(tok.is_cancelled());
         l.complete(a, &id(1), Bytes::from_static(b"resp"), t);
-        match l.admit(a, &id(1), &tok, t) {
+        match l.admit(a, &id(1), &tok, true, t) {
             Admission::Replay(r) => assert_eq!(&r[..], b"resp"),
             other => panic!("{other:?}"),
         }
         assert_eq!(l.running(), 1);
         assert_eq!(l.remembered(), 1);
+        // Without room, known requests are still recognised; new ones are
+        // refused and leave no trace.
+        assert!(matches!(
+            l.admit(a, &id(1), &tok, false, t),
+            Admission::Replay(_)
+        ));
+        assert!(matches!(
+            l.admit(b, &id(1), &tok, false, t),
+            Admission::Running
+        ));
+        assert!(matches!(
+            l.admit(a, &id(9), &tok, false, t),
+            Admission::NoRoom
+        ));
+        assert!(matches!(l.admit(a, &id(9), &tok, true, t), Admission::Run));
     }
 
     #[test]
@@ -214,18 +240,27 @@ mod tests {
         let t = Instant::now();
         let tok = CancellationToken::new();
         for n in 0..5 {
-            assert!(matches!(l.admit(a, &id(n), &tok, t), Admission::Run));
+            assert!(matches!(l.admit(a, &id(n), &tok, true, t), Admission::Run));
             l.complete(a, &id(n), Bytes::from_static(b"1234"), t);
         }
         assert_eq!(l.remembered(), 3);
         assert!(l.bytes <= 10);
         // the oldest two were dropped entirely and may run again
-        assert!(matches!(l.admit(a, &id(0), &tok, t), Admission::Run));
+        assert!(matches!(l.admit(a, &id(0), &tok, true, t), Admission::Run));
         // entry 2's response was dropped for bytes but the entry is kept
-        assert!(matches!(l.admit(a, &id(2), &tok, t), Admission::Forgotten));
-        assert!(matches!(l.admit(a, &id(4), &tok, t), Admission::Replay(_)));
+        assert!(matches!(
+            l.admit(a, &id(2), &tok, true, t),
+            Admission::Forgotten
+        ));
+        assert!(matches!(
+            l.admit(a, &id(4), &tok, true, t),
+            Admission::Replay(_)
+        ));
         let later = t + Duration::from_secs(61);
-        assert!(matches!(l.admit(a, &id(4), &tok, later), Admission::Run));
+        assert!(matches!(
+            l.admit(a, &id(4), &tok, true, later),
+            Admission::Run
+        ));
         assert_eq!(l.remembered(), 0);
         assert_eq!(l.bytes, 0);
     }

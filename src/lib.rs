@@ -70,3 +70,8 @@ pub use capwire_transport as transport;
 
 pub use capwire_envelope::NodeId;
 pub use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
+
+/// The README's examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use capwire_authz::BindFailure;
 use capwire_envelope::{ErrorCode, RawValue};
 use capwire_manifest::{BindArgs, BindReply, MonitoringBind, MonitoringDisable, NoArgs};
 
@@ -30,6 +31,11 @@ async fn bind(args: BindArgs, Sender(from): Sender, node: Node) -> Result<BindRe
             })
         }
         Err(failure) => {
+            if matches!(failure, BindFailure::TooManyAttempts | BindFailure::Expired) {
+                // The pending bind is gone: the manifest's monitoring status
+                // changed with it.
+                node.inner.manifest_changed();
+            }
             let mut err = HandlerError::new(ErrorCode::BindFailed, failure.to_string());
             if let Ok(detail) = RawValue::encode(&failure) {
                 err = err.with_detail(detail);

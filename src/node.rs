@@ -12,7 +12,9 @@ use capwire_envelope::{NodeId, ReqId};
 use capwire_manifest::{
     Manifest, MonitoringHandlers, NodeInfo, Registry, Version,
 };
-use capwire_transport::{ContactPolicy, Endpoint, Keypair, TransportConfig};
+use capwire_transport::{
+    ContactPolicy, Endpoint, EntropySource, Keypair, OsEntropy, TransportConfig,
+};
 use tokio::net::{TcpListener, TcpStream};
 #[cfg(unix)]
 use tokio::net::{UnixListener, UnixStream};
@@ -255,6 +257,14 @@ impl NodeBuilder {
             None => Gate::default(),
         };
         let binding = SharedBinding::new(BindingState::restore(self.controller));
+        // Request ids continue from a random point, so that a node
+        // restarted with the same identity does not reuse the ids of its
+        // previous run while its peers still remember their answers.
+        let mut start = [0u8; 8];
+        OsEntropy
+            .try_fill(&mut start)
+            .map_err(|_| capwire_transport::TransportError::Rng)?;
+        let first_req = u64::from_le_bytes(start) >> 1;
         let (peers_tx, _) = watch::channel(0u64);
         let limits = self.limits;
         let inner = Arc::new(Inner {
@@ -273,7 +283,7 @@ impl NodeBuilder {
                 max_bytes: limits.replay_max_bytes,
             })),
             metrics: Metrics::default(),
-            next_req: AtomicU64::new(1),
+            next_req: AtomicU64::new(first_req),
             next_session: AtomicU64::new(1),
             sessions: Arc::new(Semaphore::new(limits.max_sessions)),
             limits,
@@ -511,6 +521,7 @@ impl Node {
             Addr::Unix(path) => {
                 let listener = UnixListener::bind(&path)?;
                 let inner = self.inner.clone();
+                let socket_file = path.clone();
                 self.inner.tracker.spawn(async move {
                     loop {
                         let accepted = tokio::select! {
@@ -525,6 +536,9 @@ impl Node {
                             }
                         }
                     }
+                    // Leave the path free for the next node to listen on.
+                    drop(listener);
+                    let _ = std::fs::remove_file(&socket_file);
                 });
                 Addr::Unix(path)
             }

@@ -67,8 +67,8 @@ impl Peer {
     /// `requirement` (e.g. `app.echo@^1.2`), before anything is sent.
     ///
     /// # Errors
-    /// [`CallError::VersionUnsatisfied`] when it does not (or no session is
-    /// up to tell).
+    /// [`CallError::VersionUnsatisfied`] when it does not;
+    /// [`CallError::Unreachable`] when no session is up to tell.
     pub fn require(&self, requirement: &CapRequirement) -> Result<CapabilityManifest, CallError> {
         let Some(manifest) = self.manifest() else {
             return Err(CallError::Unreachable(self.id));
@@ -156,10 +156,13 @@ impl Peer {
         let session = self.session(deadline_at).await?;
         let req_id = inner.next_req_id();
         let mut frame = Vec::with_capacity(48 + cap.len() + verb.len() + args.as_bytes().len());
-        let budget_ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
+        // The budget is what is left of the deadline after waiting for the
+        // session.
+        let left = deadline_at.saturating_duration_since(Instant::now());
+        let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
         encode_control(&mut frame, cap, verb, &req_id, Some(budget_ms), args.as_bytes())
             .map_err(|e| CallError::Encode(e.to_string()))?;
-        if frame.len() > session.peer_limits.max_record as usize {
+        if frame.len() > session.max_frame() {
             return Err(CallError::TooLarge);
         }
 
@@ -210,7 +213,7 @@ impl Peer {
         let mut frame = Vec::with_capacity(48 + cap.len() + verb.len() + args.as_bytes().len());
         encode_control(&mut frame, cap, verb, &ReqId::EMPTY, None, args.as_bytes())
             .map_err(|e| CallError::Encode(e.to_string()))?;
-        if frame.len() > session.peer_limits.max_record as usize {
+        if frame.len() > session.max_frame() {
             return Err(CallError::TooLarge);
         }
         session

@@ -59,6 +59,13 @@ impl SessionHandle {
         lock(&self.pending).len()
     }
 
+    /// The largest frame that can travel on this session: within our
+    /// transport's record limit and the one the peer announced.
+    pub(crate) fn max_frame(&self) -> usize {
+        let peer = usize::try_from(self.peer_limits.max_record).unwrap_or(usize::MAX);
+        self.sender.max_record_size().min(peer)
+    }
+
     pub(crate) fn is_ended(&self) -> bool {
         self.ended.is_cancelled()
     }
@@ -273,7 +280,6 @@ async fn run_reader(
         };
         match next {
             Ok(Some(record)) => {
-                let record = Bytes::from(record);
                 if let Err(why) = on_record(&inner, &s, &record).await {
                     tracing::debug!(peer = %s.remote, %why, "closing session: protocol error");
                     s.close(CloseCode::ProtocolError, &why).await;
@@ -344,17 +350,17 @@ pub(crate) async fn wait_session(
     id: &NodeId,
     deadline: Instant,
 ) -> Option<Arc<SessionHandle>> {
-    if let Some(s) = inner.session(id) {
-        if !s.is_ended() {
-            return Some(s);
-        }
+    if let Some(s) = inner.session(id)
+        && !s.is_ended()
+    {
+        return Some(s);
     }
     let mut changes = inner.peers_changed.subscribe();
     loop {
-        if let Some(s) = inner.session(id) {
-            if !s.is_ended() {
-                return Some(s);
-            }
+        if let Some(s) = inner.session(id)
+            && !s.is_ended()
+        {
+            return Some(s);
         }
         if !lock(&inner.contacts).contains_key(id) {
             return None;

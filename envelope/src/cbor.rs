@@ -69,7 +69,10 @@ impl<'a> Cursor<'a> {
     pub(crate) fn finish(&self) -> Result<(), DecodeError> {
         match self.remaining() {
             0 => Ok(()),
-            count => Err(DecodeError::TrailingBytes { at: self.pos, count }),
+            count => Err(DecodeError::TrailingBytes {
+                at: self.pos,
+                count,
+            }),
         }
     }
 
@@ -433,8 +436,8 @@ mod tests {
             &[0xf4],
             &[0xf5],
             &[0xf6],
-            &[0xf9, 0x3c, 0x00],                         // 1.0 as f16
-            &[0xfa, 0x47, 0xc3, 0x50, 0x00],             // 100000.0 as f32
+            &[0xf9, 0x3c, 0x00],                                     // 1.0 as f16
+            &[0xfa, 0x47, 0xc3, 0x50, 0x00],                         // 100000.0 as f32
             &[0xfb, 0x3f, 0xb9, 0x99, 0x99, 0x99, 0x99, 0x99, 0x9a], // 0.1
         ] {
             validate(ok).unwrap_or_else(|e| panic!("{ok:02x?}: {e}"));
@@ -453,7 +456,11 @@ mod tests {
             &[0x98, 0x00],
             &[0xb8, 0x00],
         ] {
-            assert_eq!(err(bad), DecodeError::NonMinimalInteger { at: 0 }, "{bad:02x?}");
+            assert_eq!(
+                err(bad),
+                DecodeError::NonMinimalInteger { at: 0 },
+                "{bad:02x?}"
+            );
         }
         // 1.0 as f32 and as f64.
         assert_eq!(
@@ -470,7 +477,10 @@ mod tests {
     fn rejects_simple_values_and_reserved_bytes() {
         assert_eq!(err(&[0xf7]), DecodeError::SimpleValue { at: 0, value: 23 });
         assert_eq!(err(&[0xe0]), DecodeError::SimpleValue { at: 0, value: 0 });
-        assert_eq!(err(&[0xf8, 0xff]), DecodeError::SimpleValue { at: 0, value: 255 });
+        assert_eq!(
+            err(&[0xf8, 0xff]),
+            DecodeError::SimpleValue { at: 0, value: 255 }
+        );
         for byte in [0x1c, 0x3d, 0x5e, 0xfc, 0x1f, 0x3f] {
             assert_eq!(err(&[byte]), DecodeError::Reserved { at: 0, byte });
         }

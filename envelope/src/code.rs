@@ -80,7 +80,8 @@ builtin_codes! {
     BadArgs = "bad_args",
     /// The thing the request names does not exist.
     NotFound = "not_found",
-    /// The thing the request would create already exists.
+    /// The thing the request would create already exists, or the same
+    /// request is already running.
     Duplicate = "duplicate",
     /// The operation needs a bound control plane and there is none.
     NotBound = "not_bound",
@@ -88,7 +89,7 @@ builtin_codes! {
     BindFailed = "bind_failed",
     /// The deadline passed before the request completed.
     Timeout = "timeout",
-    /// The caller cancelled the request.
+    /// The caller cancelled the request, or the callee is shutting down.
     Cancelled = "cancelled",
     /// The request or its result is larger than allowed.
     TooLarge = "too_large",
@@ -410,6 +411,9 @@ mod tests {
         let body = ErrorBody::new(ErrorCode::Internal, "é".repeat(MAX_MESSAGE_LEN));
         assert_eq!(body.message.len(), MAX_MESSAGE_LEN);
         let odd = format!("a{}", "é".repeat(MAX_MESSAGE_LEN));
-        assert_eq!(ErrorBody::new(ErrorCode::Internal, odd).message.len(), MAX_MESSAGE_LEN - 1);
+        assert_eq!(
+            ErrorBody::new(ErrorCode::Internal, odd).message.len(),
+            MAX_MESSAGE_LEN - 1
+        );
     }
 }

@@ -443,7 +443,9 @@ fn write_type(out: &mut Vec<u8>, kind: FrameKind) {
 
 fn require_req_id(req_id: &ReqId) -> Result<(), EncodeError> {
     if req_id.is_fire_and_forget() {
-        return Err(EncodeError::InvalidId(IdError::Empty { kind: "request id" }));
+        return Err(EncodeError::InvalidId(IdError::Empty {
+            kind: "request id",
+        }));
     }
     Ok(())
 }
@@ -894,12 +896,13 @@ fn read_field<'a>(
         Field::Limits => parts.limits = Some(read_limits(cur)?),
         Field::Code => {
             let name = read_text(cur, "code", MAX_NAME_LEN)?;
-            parts.code = Some(CloseCode::from_wire(name).ok_or_else(|| {
-                DecodeError::UnknownName {
-                    field: "code",
-                    name: name_for_error(name.as_bytes()),
-                }
-            })?);
+            parts.code =
+                Some(
+                    CloseCode::from_wire(name).ok_or_else(|| DecodeError::UnknownName {
+                        field: "code",
+                        name: name_for_error(name.as_bytes()),
+                    })?,
+                );
         }
         Field::Reason => parts.reason = read_text(cur, "reason", MAX_REASON_LEN)?,
     }
@@ -938,19 +941,27 @@ fn assemble(parts: Parts<'_>) -> Result<FrameRef<'_>, DecodeError> {
         }
         FrameKind::Keepalive => (F::Type.bit(), F::Type.bit()),
     };
-    if let Some(extra) = F::ALL.into_iter().find(|f| parts.seen & !allowed & f.bit() != 0) {
+    if let Some(extra) = F::ALL
+        .into_iter()
+        .find(|f| parts.seen & !allowed & f.bit() != 0)
+    {
         return Err(DecodeError::UnknownField {
             name: extra.name().into(),
         });
     }
-    if let Some(missing) = F::ALL.into_iter().find(|f| required & !parts.seen & f.bit() != 0) {
+    if let Some(missing) = F::ALL
+        .into_iter()
+        .find(|f| required & !parts.seen & f.bit() != 0)
+    {
         return Err(DecodeError::MissingField {
             field: missing.name(),
         });
     }
     let needs_id = matches!(kind, FrameKind::Response | FrameKind::Cancel);
     if needs_id && parts.req_id.is_fire_and_forget() {
-        return Err(DecodeError::InvalidId(IdError::Empty { kind: "request id" }));
+        return Err(DecodeError::InvalidId(IdError::Empty {
+            kind: "request id",
+        }));
     }
     // Every required field is present, so the options below are set.
     Ok(match kind {
@@ -1127,9 +1138,9 @@ fn read_error_body(cur: &mut Cursor<'_>) -> Result<ErrorBody, DecodeError> {
         }
     })?;
     Ok(ErrorBody {
-        code: code.ok_or_else(|| DecodeError::MissingField { field: "code" })?,
+        code: code.ok_or(DecodeError::MissingField { field: "code" })?,
         message: message
-            .ok_or_else(|| DecodeError::MissingField { field: "message" })?
+            .ok_or(DecodeError::MissingField { field: "message" })?
             .to_owned(),
         detail: detail.map(RawValue::from_validated),
     })
@@ -1145,28 +1156,44 @@ mod tests {
             verb: Verb::try_from("say").unwrap(),
             req_id: ReqId::from_u64(42),
             budget_ms: Some(1500),
-            args: RawValue::encode(&[("text", "hello")].into_iter().collect::<std::collections::BTreeMap<_, _>>())
-                .unwrap(),
+            args: RawValue::encode(
+                &[("text", "hello")]
+                    .into_iter()
+                    .collect::<std::collections::BTreeMap<_, _>>(),
+            )
+            .unwrap(),
         }
     }
 
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// The examples of WIRE.md, section 2.6 and the keepalive of 2.2.
     #[test]
-    fn control_layout_is_the_documented_one() {
-        let bytes = Frame::Control(control()).to_vec().unwrap();
-        let mut expected = vec![0xa6];
-        expected.extend_from_slice(b"\x64type\x67control");
-        expected.extend_from_slice(b"\x63cap\x68app.echo");
-        expected.extend_from_slice(b"\x64verb\x63say");
-        expected.extend_from_slice(b"\x66req_id\x6242");
-        expected.extend_from_slice(b"\x69budget_ms\x19\x05\xdc");
-        expected.extend_from_slice(b"\x64args\xa1\x64text\x65hello");
-        assert_eq!(bytes, expected);
+    fn documented_examples_are_exact() {
+        let request = "a6647479706567636f6e74726f6c63636170686170702e6563686f6476657262637361796672\
+                       65715f6964623432696275646765745f6d731905dc6461726773a164746578746568656c6c6f";
+        assert_eq!(Frame::Control(control()).to_vec().unwrap(), hex(request));
+        let response = "a4647479706568726573706f6e7365667265715f6964623432626f6bf463657272a264636f\
+                        64656c756e6b6e6f776e5f76657262676d6573736167656c6e6f20737563682076657262";
+        let err = ErrorBody::new(ErrorCode::UnknownVerb, "no such verb");
+        let frame = Frame::Response(ResponseEnvelope::err(ReqId::from_u64(42), err));
+        assert_eq!(frame.to_vec().unwrap(), hex(response));
+        let keepalive = "a16474797065696b656570616c697665";
+        assert_eq!(Frame::Keepalive.to_vec().unwrap(), hex(keepalive));
     }
 
     #[test]
     fn every_kind_round_trips() {
         let frames = [
-            Frame::Hello(Hello::new(RawValue::encode("m").unwrap(), Limits::default())),
+            Frame::Hello(Hello::new(
+                RawValue::encode("m").unwrap(),
+                Limits::default(),
+            )),
             Frame::Control(control()),
             Frame::Control(ControlEnvelope {
                 budget_ms: None,

@@ -493,8 +493,22 @@ mod tests {
             assert!(CapId::try_from(ok).is_ok(), "{ok}");
         }
         for bad in [
-            "", "core", "app.", "app..x", ".app.x", "app.x.", "App.x", "app.X", "app.9x",
-            "apps.x", "app.x y", "app.x\0", "app.x/../y", "app.é", " app.x", "app.x ",
+            "",
+            "core",
+            "app.",
+            "app..x",
+            ".app.x",
+            "app.x.",
+            "App.x",
+            "app.X",
+            "app.9x",
+            "apps.x",
+            "app.x y",
+            "app.x\0",
+            "app.x/../y",
+            "app.é",
+            " app.x",
+            "app.x ",
         ] {
             assert!(CapId::try_from(bad).is_err(), "{bad:?}");
         }
@@ -512,7 +526,9 @@ mod tests {
     #[test]
     fn verbs() {
         assert!(Verb::try_from("set_config").is_ok());
-        for bad in ["", "Disable", " bind", "bind ", "bi\0nd", "1bind", "b.c", "b-c"] {
+        for bad in [
+            "", "Disable", " bind", "bind ", "bi\0nd", "1bind", "b.c", "b-c",
+        ] {
             assert!(Verb::try_from(bad).is_err(), "{bad:?}");
         }
     }

@@ -53,7 +53,7 @@ pub use code::{
 };
 pub use error::{DecodeError, EncodeError};
 pub use frame::{
-    Cancel, CloseRef, Close, ControlEnvelope, ControlRef, Frame, FrameKind, FrameRef, Hello,
+    Cancel, Close, CloseRef, ControlEnvelope, ControlRef, Frame, FrameKind, FrameRef, Hello,
     HelloRef, Limits, MAX_NAME_LEN, PROTOCOL_VERSION, ResponseEnvelope, ResponseRef, decode_frame,
     encode_cancel, encode_close, encode_control, encode_frame, encode_keepalive,
     encode_response_err, encode_response_ok,

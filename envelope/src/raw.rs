@@ -242,7 +242,10 @@ mod tests {
     fn values_outside_the_profile_do_not_encode() {
         let mut out = vec![9];
         let e = encode_into(&u128::MAX, &mut out).unwrap_err();
-        assert!(matches!(e, EncodeError::Profile(DecodeError::Tag { .. })), "{e}");
+        assert!(
+            matches!(e, EncodeError::Profile(DecodeError::Tag { .. })),
+            "{e}"
+        );
         assert_eq!(out, [9], "out is restored");
         let mut keyed = BTreeMap::new();
         keyed.insert(vec![1u8], 1);
@@ -262,7 +265,17 @@ mod tests {
 
     #[test]
     fn floats_use_the_shortest_exact_form() {
-        for v in [0.0, -0.0, 1.5, 0.1, 1e300, f64::INFINITY, f64::NAN, 65504.0, 3.4e38] {
+        for v in [
+            0.0,
+            -0.0,
+            1.5,
+            0.1,
+            1e300,
+            f64::INFINITY,
+            f64::NAN,
+            65504.0,
+            3.4e38,
+        ] {
             let bytes = to_vec(&v).unwrap();
             let back: f64 = from_slice(&bytes).unwrap();
             assert_eq!(back.to_bits(), v.to_bits(), "{v}");
@@ -286,12 +299,21 @@ mod tests {
         let json = serde_json::to_value(&v).unwrap();
         assert_eq!(json, serde_json::json!({"b": [1, "x"], "a": null}));
         let back: RawValue = serde_json::from_value(json).unwrap();
-        assert_eq!(back.decode::<serde_json::Value>().unwrap(), v.decode::<serde_json::Value>().unwrap());
+        assert_eq!(
+            back.decode::<serde_json::Value>().unwrap(),
+            v.decode::<serde_json::Value>().unwrap()
+        );
         assert!(RawValue::null().is_null());
         assert_eq!(RawValue::default(), RawValue::null());
         let strings = RawValue::encode("a long string").unwrap();
         assert_eq!(strings.decode::<String>().unwrap(), "a long string");
         let long = "y".repeat(SCRATCH * 4);
-        assert_eq!(RawValue::encode(&long).unwrap().decode::<String>().unwrap(), long);
+        assert_eq!(
+            RawValue::encode(&long).unwrap().decode::<String>().unwrap(),
+            long
+        );
+        let bytes = ciborium::Value::Bytes(vec![7; SCRATCH * 4]);
+        let back: ciborium::Value = RawValue::encode(&bytes).unwrap().decode().unwrap();
+        assert_eq!(back, bytes);
     }
 }

@@ -83,6 +83,8 @@ impl TransportConfig {
             "max_concurrent_handshakes must be at least 1"
         } else if self.send_queue_depth == 0 || self.recv_queue_depth == 0 {
             "queue depths must be at least 1"
+        } else if u32::try_from(self.max_record_size).is_err() {
+            "max_record_size must fit in 32 bits"
         } else if self.rekey_after_messages == Some(0) {
             "rekey_after_messages must be at least 1"
         } else {
@@ -99,14 +101,18 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_nonsense_is_not() {
         assert!(TransportConfig::default().validate().is_ok());
-        let mut c = TransportConfig::default();
-        c.keepalive_interval = c.idle_timeout;
+        let c = TransportConfig {
+            keepalive_interval: Duration::from_secs(60),
+            ..TransportConfig::default()
+        };
         assert!(matches!(
             c.validate(),
             Err(TransportError::InvalidConfig(_))
         ));
-        let mut c = TransportConfig::default();
-        c.send_queue_depth = 0;
+        let c = TransportConfig {
+            send_queue_depth: 0,
+            ..TransportConfig::default()
+        };
         assert!(c.validate().is_err());
     }
 }

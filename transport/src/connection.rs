@@ -8,6 +8,7 @@
 //!                                          reassemble; idle deadline
 //! ```
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -28,11 +29,13 @@ use crate::session::TransportSession;
 /// Most commands the writer takes from its queue in one go.
 const BATCH: usize = 1024;
 /// The writer writes once this much is packed, even if more is queued.
-const FLUSH_BYTES: usize = 256 * 1024;
-/// The reader makes room for this much before each read.
-const READ_RESERVE: usize = 128 * 1024;
-/// It does so when less than this is free.
-const READ_LOW_WATER: usize = 32 * 1024;
+const FLUSH_BYTES: usize = 64 * 1024;
+/// Size of a fresh read buffer: room for a whole Noise message with its
+/// prefix, plus more, while staying below the size at which allocators
+/// typically hand out fresh (page-faulting) memory maps.
+const READ_BUFFER: usize = 96 * 1024;
+/// The reader makes room when less than this is free before a read.
+const READ_LOW_WATER: usize = 16 * 1024;
 /// How long a shutting-down endpoint tries to deliver its close record.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// After a local close, how long the reader keeps reading (and discarding)
@@ -71,12 +74,18 @@ struct Shared {
     /// The endpoint's (parent of `cancel`).
     shutdown: CancellationToken,
     end: OnceLock<End>,
+    /// Set once our close record is on its way: whatever the reader meets
+    /// afterwards (the peer hanging up, typically) is part of our close.
+    closing: AtomicBool,
+    /// Set when the connection has ended (a cheap twin of `cancel`).
+    ended: AtomicBool,
 }
 
 impl Shared {
     /// Records how the connection ended (the first report wins) and stops
     /// both tasks.
     fn finish(&self, end: End) {
+        self.ended.store(true, Ordering::Release);
         if self.end.set(end).is_ok() {
             match self.end.get() {
                 Some(End::Failed(e)) => {
@@ -89,6 +98,10 @@ impl Shared {
             }
         }
         self.cancel.cancel();
+    }
+
+    fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 
     /// The error an operation on the ended connection reports.
@@ -161,6 +174,8 @@ impl Connection {
             cancel: shutdown.child_token(),
             shutdown: shutdown.clone(),
             end: OnceLock::new(),
+            closing: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
         });
         let (sealer, opener) = session.split();
         #[allow(unused_mut)]
@@ -276,7 +291,7 @@ impl RecordSender {
                 max: self.shared.max_record_size,
             });
         }
-        if self.shared.cancel.is_cancelled() {
+        if self.shared.is_ended() {
             return Err(self.shared.end_error());
         }
         Ok(())
@@ -332,7 +347,7 @@ impl RecordSender {
     /// Dropping the future after the close was queued does not stop the
     /// close.
     pub async fn close(&self, reason: &str) -> Result<(), TransportError> {
-        if !self.shared.cancel.is_cancelled() {
+        if !self.shared.is_ended() {
             let _ = self
                 .tx
                 .send(Command::Close(CloseCode::Normal, reason.to_owned()))
@@ -356,7 +371,7 @@ impl RecordSender {
 
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
-        self.shared.cancel.is_cancelled()
+        self.shared.is_ended()
     }
 }
 
@@ -466,8 +481,12 @@ async fn write_task<W: AsyncWrite + Unpin>(
         }
     };
     // Endpoint shutdown: tell the peer, briefly, if nothing else ended us.
-    if shared.shutdown.is_cancelled() && shared.end.set(End::Local).is_ok() && clean {
+    let shutting_down = shared.shutdown.is_cancelled()
+        && !matches!(shared.end.get(), Some(End::Peer(_) | End::Failed(_)));
+    shared.finish(End::Local);
+    if shutting_down && clean {
         debug!(remote = %shared.remote, "closing for shutdown");
+        shared.closing.store(true, Ordering::Release);
         if enc.close(CloseCode::Shutdown, "shutting down").is_ok() {
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
                 w.write_all(enc.wire()).await?;
@@ -485,60 +504,84 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     shared: &Shared,
     keepalive: Duration,
 ) -> Result<(), TransportError> {
-    let mut cmds = Vec::with_capacity(BATCH);
+    // Commands taken from the queue and not yet packed.
+    let mut cmds: Vec<Command> = Vec::with_capacity(BATCH);
+    // The timer is re-armed only when it fires, from the time of the last
+    // write, which keeps timer updates off the path of every message.
+    let mut last_write = Instant::now();
     let idle = tokio::time::sleep(keepalive);
     tokio::pin!(idle);
     loop {
-        tokio::select! {
-            biased;
-            () = shared.cancel.cancelled() => return Ok(()),
-            n = rx.recv_many(&mut cmds, BATCH) => {
-                let mut close = None;
-                if n == 0 {
-                    // Every handle is gone.
-                    close = Some((CloseCode::Normal, String::new()));
-                }
-                // Pack everything queued right now, without waiting for more.
-                loop {
-                    for cmd in cmds.drain(..) {
-                        match cmd {
-                            Command::Record(r) if close.is_none() => enc.push_record(&r)?,
-                            Command::Record(_) => {}
-                            Command::Close(code, reason) => {
-                                close.get_or_insert((code, reason));
-                            }
-                        }
+        let mut close = None;
+        if cmds.is_empty() {
+            tokio::select! {
+                biased;
+                () = shared.cancel.cancelled() => return Ok(()),
+                n = rx.recv_many(&mut cmds, BATCH) => {
+                    if n == 0 {
+                        // Every handle is gone.
+                        close = Some((CloseCode::Normal, String::new()));
                     }
-                    if close.is_some() || enc.wire().len() >= FLUSH_BYTES {
+                }
+                () = &mut idle => {
+                    if last_write.elapsed() >= keepalive {
+                        enc.keepalive()?;
+                        write_wire(w, enc, &shared.cancel).await?;
+                        last_write = Instant::now();
+                    }
+                    idle.as_mut().reset(last_write + keepalive);
+                    continue;
+                }
+            }
+        }
+        // Pack what is queued right now, without waiting for more, until
+        // there is enough to write.
+        while close.is_none() && enc.buffered() < FLUSH_BYTES {
+            if cmds.is_empty() && !take_queued(rx, &mut cmds) {
+                break;
+            }
+            let mut used = 0;
+            for cmd in &cmds {
+                if enc.buffered() >= FLUSH_BYTES {
+                    break;
+                }
+                used += 1;
+                match cmd {
+                    Command::Record(r) => enc.push_record(r)?,
+                    Command::Close(code, reason) => {
+                        close = Some((*code, reason.clone()));
                         break;
                     }
-                    match rx.try_recv() {
-                        Ok(cmd) => cmds.push(cmd),
-                        Err(_) => break,
-                    }
                 }
-                match close {
-                    Some((code, reason)) => {
-                        enc.close(code, &reason)?;
-                        write_wire(w, enc, &shared.cancel).await?;
-                        let _ = w.shutdown().await;
-                        shared.finish(End::Local);
-                        return Ok(());
-                    }
-                    None => {
-                        enc.flush()?;
-                        write_wire(w, enc, &shared.cancel).await?;
-                    }
-                }
-                idle.as_mut().reset(Instant::now() + keepalive);
             }
-            () = &mut idle => {
-                enc.keepalive()?;
+            cmds.drain(..used);
+        }
+        match close {
+            Some((code, reason)) => {
+                shared.closing.store(true, Ordering::Release);
+                enc.close(code, &reason)?;
                 write_wire(w, enc, &shared.cancel).await?;
-                idle.as_mut().reset(Instant::now() + keepalive);
+                let _ = w.shutdown().await;
+                shared.finish(End::Local);
+                return Ok(());
+            }
+            None => {
+                enc.flush()?;
+                write_wire(w, enc, &shared.cancel).await?;
+                last_write = Instant::now();
             }
         }
     }
+}
+
+/// Moves whatever is queued now into `cmds`, without waiting. Returns
+/// whether anything was taken.
+fn take_queued(rx: &mut mpsc::Receiver<Command>, cmds: &mut Vec<Command>) -> bool {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    matches!(
+        rx.poll_recv_many(&mut cx, cmds, BATCH),
+        std::task::Poll::Ready(n) if n > 0
+    )
 }
 
 async fn read_task<R: AsyncRead + Unpin>(
@@ -551,13 +594,27 @@ async fn read_task<R: AsyncRead + Unpin>(
 ) {
     match read_loop(&mut r, &mut dec, &mut buf, &tx, &shared, idle).await {
         Ok(Some(close)) => shared.finish(End::Peer(close)),
-        Ok(None) => {}
+        Ok(None) => shared.finish(End::Local),
+        Err(_) if shared.closing.load(Ordering::Acquire) => shared.finish(End::Local),
         Err(e) => shared.finish(End::Failed(e)),
     }
     drop(tx); // `recv` now sees the end, which is recorded.
     if matches!(shared.end.get(), Some(End::Local)) {
         linger(&mut r, buf).await;
     }
+}
+
+/// Makes sure `buf` has room for a sizeable read. Records handed out
+/// share the buffer's memory; once they are all dropped the buffer is
+/// reused in place, otherwise a fresh one of a steady size is started and
+/// the unread bytes move into it.
+fn make_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() >= READ_LOW_WATER || buf.try_reclaim(READ_LOW_WATER) {
+        return;
+    }
+    let mut fresh = BytesMut::with_capacity(READ_BUFFER.max(buf.len() + READ_LOW_WATER));
+    fresh.extend_from_slice(buf);
+    *buf = fresh;
 }
 
 /// Reads and discards until the peer hangs up, for at most [`LINGER`].
@@ -583,6 +640,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
     shared: &Shared,
     idle: Duration,
 ) -> Result<Option<CloseReason>, TransportError> {
+    // As for keepalives: the deadline is re-armed when it fires.
+    let mut last_message = Instant::now();
     let deadline = tokio::time::sleep(idle);
     tokio::pin!(deadline);
     let mut batch = Vec::new();
@@ -601,14 +660,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         let decoded = decoded?;
         if decoded.messages > 0 {
-            deadline.as_mut().reset(Instant::now() + idle);
+            last_message = Instant::now();
         }
         if let Some(close) = decoded.close {
             return Ok(Some(close));
         }
-        if buf.capacity() - buf.len() < READ_LOW_WATER {
-            buf.reserve(READ_RESERVE);
-        }
+        make_room(buf);
         tokio::select! {
             biased;
             () = shared.cancel.cancelled() => return Ok(None),
@@ -617,7 +674,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     return Err(TransportError::PeerLost);
                 }
             }
-            () = &mut deadline => return Err(TransportError::IdleTimeout),
+            () = &mut deadline => {
+                if last_message.elapsed() >= idle {
+                    return Err(TransportError::IdleTimeout);
+                }
+                deadline.as_mut().reset(last_message + idle);
+            }
         }
     }
 }

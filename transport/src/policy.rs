@@ -21,10 +21,11 @@ use crate::keys::canonical_node_id;
 /// assert!(policy.allows(&friend));
 /// assert!(!policy.allows(&stranger));
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum ContactPolicy {
     /// Any key that completes the handshake.
+    #[default]
     AcceptAny,
     /// Only these keys (any encoding of them).
     AllowList(HashSet<NodeId>),
@@ -53,12 +54,6 @@ impl ContactPolicy {
             }
             Self::Callback(f) => f(&remote),
         }
-    }
-}
-
-impl Default for ContactPolicy {
-    fn default() -> Self {
-        Self::AcceptAny
     }
 }
 

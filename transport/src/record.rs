@@ -5,10 +5,11 @@
 //! stream  = *( len:u16be  noise_message[len] )        16 <= len <= 65535
 //! plaintext of a noise_message = *chunk                (empty = keepalive)
 //! chunk   = type:u8  body_len:u16be  body[body_len]
-//!   0x01 RECORD  the last (or only) part of a record
-//!   0x02 MORE    a non-empty part of a record that continues
-//!   0x03 CLOSE   code:u8 reason:utf8  — last chunk of the session
-//!   0x04 REKEY   empty body — last chunk of its message
+//!   0x01 RECORD  a whole record
+//!   0x02 FIRST   total_len:u32be, then the first part of a split record
+//!   0x03 NEXT    the next part of the split record (complete at total_len)
+//!   0x04 CLOSE   code:u8 reason:utf8  — last chunk of the session
+//!   0x05 REKEY   empty body — last chunk of its message
 //! ```
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -25,9 +26,16 @@ pub const CHUNK_HEADER_LEN: usize = 3;
 pub const MAX_CLOSE_REASON_LEN: usize = 255;
 
 const RECORD: u8 = 0x01;
-const MORE: u8 = 0x02;
-const CLOSE: u8 = 0x03;
-const REKEY: u8 = 0x04;
+const FIRST: u8 = 0x02;
+const NEXT: u8 = 0x03;
+const CLOSE: u8 = 0x04;
+const REKEY: u8 = 0x05;
+
+/// Bytes of the total length at the start of a FIRST chunk's body.
+const TOTAL_LEN: usize = 4;
+/// A split record's buffer is allocated for its announced length up to this
+/// much; beyond, it grows as data actually arrives.
+const PREALLOC_LIMIT: usize = 1 << 20;
 
 /// Room for chunks in one message; the last 3 bytes of the largest
 /// plaintext stay free for a REKEY chunk.
@@ -150,10 +158,14 @@ impl RecordEncoder {
         self.buf.extend_from_slice(&[0, 0]);
     }
 
-    fn chunk(&mut self, kind: u8, body: &[u8]) {
-        // Callers guarantee body.len() <= CHUNK_ROOM < 65536.
-        let len = (body.len() as u16).to_be_bytes();
+    fn chunk_header(&mut self, kind: u8, body_len: usize) {
+        // Callers guarantee body_len <= CHUNK_ROOM < 65536.
+        let len = (body_len as u16).to_be_bytes();
         self.buf.extend_from_slice(&[kind, len[0], len[1]]);
+    }
+
+    fn chunk(&mut self, kind: u8, body: &[u8]) {
+        self.chunk_header(kind, body.len());
         self.buf.extend_from_slice(body);
     }
 
@@ -213,21 +225,32 @@ impl RecordEncoder {
             self.chunk(RECORD, record);
             return Ok(());
         }
-        let mut rest = record;
-        loop {
+        // Split: FIRST carries the total length, NEXT chunks the rest.
+        if self.room() < CHUNK_HEADER_LEN + TOTAL_LEN + 1 {
+            self.seal_open(true)?;
+            self.begin();
+        }
+        let space = self.room() - CHUNK_HEADER_LEN - TOTAL_LEN;
+        let (first, mut rest) = record.split_at(space);
+        // max_record_size is at most u32::MAX (checked by the config).
+        let total = u32::try_from(record.len()).map_err(|_| TransportError::RecordTooLarge {
+            len: record.len(),
+            max: u32::MAX as usize,
+        })?;
+        self.chunk_header(FIRST, TOTAL_LEN + first.len());
+        self.buf.extend_from_slice(&total.to_be_bytes());
+        self.buf.extend_from_slice(first);
+        while !rest.is_empty() {
             if self.room() <= CHUNK_HEADER_LEN {
                 self.seal_open(true)?;
                 self.begin();
             }
             let space = self.room() - CHUNK_HEADER_LEN;
-            if rest.len() <= space {
-                self.chunk(RECORD, rest);
-                return Ok(());
-            }
-            let (part, tail) = rest.split_at(space);
-            self.chunk(MORE, part);
+            let (part, tail) = rest.split_at(space.min(rest.len()));
+            self.chunk(NEXT, part);
             rest = tail;
         }
+        Ok(())
     }
 
     /// Seals the open message, if any.
@@ -278,6 +301,11 @@ impl RecordEncoder {
     /// The sealed bytes ready to be written to the stream.
     pub fn wire(&self) -> &[u8] {
         &self.buf[..self.open.unwrap_or(self.buf.len())]
+    }
+
+    /// Bytes held: sealed ones plus the open message.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
     }
 
     /// Forgets the sealed bytes returned by [`wire`](Self::wire) (call once
@@ -331,7 +359,8 @@ pub struct Decoded {
 /// records, and stops at the close record. Any error is final.
 pub struct RecordDecoder {
     opener: Opener,
-    partial: Option<BytesMut>,
+    /// A split record being reassembled, and its announced length.
+    partial: Option<(BytesMut, usize)>,
     max_record_size: usize,
     close: Option<CloseReason>,
     failed: Option<Violation>,
@@ -425,38 +454,44 @@ impl RecordDecoder {
             msg.advance(CHUNK_HEADER_LEN);
             let body = msg.split_to(len);
             match kind {
-                RECORD => match self.partial.take() {
-                    Some(mut partial) => {
-                        if partial.len() + len > self.max_record_size {
-                            return Err(Violation::RecordTooLarge);
-                        }
-                        partial.extend_from_slice(&body);
-                        out.push(partial.freeze());
-                    }
-                    None => {
-                        if len > self.max_record_size {
-                            return Err(Violation::RecordTooLarge);
-                        }
-                        out.push(body.freeze());
-                    }
-                },
-                MORE => {
-                    if len == 0 {
+                RECORD => {
+                    if self.partial.is_some() {
                         return Err(Violation::Framing);
                     }
-                    let so_far = self.partial.as_ref().map_or(0, BytesMut::len);
-                    if so_far + len > self.max_record_size {
+                    if len > self.max_record_size {
                         return Err(Violation::RecordTooLarge);
                     }
-                    match &mut self.partial {
-                        Some(partial) => partial.extend_from_slice(&body),
-                        None => {
-                            let mut partial = BytesMut::with_capacity(
-                                (2 * len).min(self.max_record_size).max(len),
-                            );
-                            partial.extend_from_slice(&body);
-                            self.partial = Some(partial);
-                        }
+                    out.push(body.freeze());
+                }
+                FIRST => {
+                    if self.partial.is_some() || len <= TOTAL_LEN {
+                        return Err(Violation::Framing);
+                    }
+                    let total = u32::from_be_bytes([body[0], body[1], body[2], body[3]]) as usize;
+                    // Refused on the announcement, before any allocation.
+                    if total > self.max_record_size {
+                        return Err(Violation::RecordTooLarge);
+                    }
+                    let first = &body[TOTAL_LEN..];
+                    if first.len() >= total {
+                        return Err(Violation::Framing);
+                    }
+                    let mut partial = BytesMut::with_capacity(total.min(PREALLOC_LIMIT));
+                    partial.extend_from_slice(first);
+                    self.partial = Some((partial, total));
+                }
+                NEXT => {
+                    let Some((partial, total)) = &mut self.partial else {
+                        return Err(Violation::Framing);
+                    };
+                    if len == 0 || partial.len() + len > *total {
+                        return Err(Violation::Framing);
+                    }
+                    partial.extend_from_slice(&body);
+                    if partial.len() == *total
+                        && let Some((record, _)) = self.partial.take()
+                    {
+                        out.push(record.freeze());
                     }
                 }
                 CLOSE => {

@@ -104,20 +104,32 @@ async fn item01_transport_length_prefix_shorter_than_a_tag_closes() {
 }
 
 #[tokio::test]
-async fn item01_record_over_the_size_limit_is_refused_as_it_arrives() {
+async fn item01_record_over_the_size_limit_is_refused_on_announcement() {
     let mut config = TransportConfig::default();
     config.max_record_size = 100_000;
     let server = endpoint(config, ContactPolicy::AcceptAny);
     let (mut conn, mut peer) = snow_client(&server).await;
-    // Two continuation fragments (131032 bytes) and no last part: the limit
-    // is enforced on what has arrived, not on a promise.
-    for _ in 0..2 {
-        let mut plain = vec![common::MORE];
-        plain.extend_from_slice(&65516u16.to_be_bytes());
-        plain.extend(std::iter::repeat_n(7u8, 65516));
-        peer.send_plaintext(&plain).await;
-    }
+    // A first part announcing 100001 bytes: refused at once, before the
+    // rest arrives and before any buffer is allocated for it.
+    let mut plain = vec![common::FIRST, 0, 14];
+    plain.extend_from_slice(&100_001u32.to_be_bytes());
+    plain.extend_from_slice(b"0123456789");
+    peer.send_plaintext(&plain).await;
     assert_eq!(violation(conn.recv().await), Violation::RecordTooLarge);
+}
+
+#[tokio::test]
+async fn item01_split_record_overrunning_its_announced_length_is_refused() {
+    let server = default_endpoint();
+    let (mut conn, mut peer) = snow_client(&server).await;
+    let mut plain = vec![common::FIRST, 0, 14];
+    plain.extend_from_slice(&20u32.to_be_bytes());
+    plain.extend_from_slice(b"0123456789");
+    peer.send_plaintext(&plain).await;
+    let mut plain = vec![common::NEXT, 0, 11];
+    plain.extend_from_slice(b"0123456789X");
+    peer.send_plaintext(&plain).await;
+    assert_eq!(violation(conn.recv().await), Violation::Framing);
 }
 
 #[tokio::test]
@@ -168,7 +180,8 @@ async fn item02_truncated_message_then_end_of_stream_is_peer_lost() {
 async fn item02_split_record_cut_short_is_never_delivered() {
     let server = default_endpoint();
     let (mut conn, mut peer) = snow_client(&server).await;
-    let mut plain = vec![common::MORE, 0, 10];
+    let mut plain = vec![common::FIRST, 0, 14];
+    plain.extend_from_slice(&1000u32.to_be_bytes());
     plain.extend_from_slice(b"first part");
     peer.send_plaintext(&plain).await;
     drop(peer);
@@ -343,7 +356,8 @@ fn item04_replay_reorder_duplicate_drop_and_reflection_fail_in_the_core() {
             })
             .collect::<Vec<_>>()
     };
-    let cases: [(&str, fn(&[Vec<u8>]) -> Vec<Vec<u8>>); 4] = [
+    type Arrange = fn(&[Vec<u8>]) -> Vec<Vec<u8>>;
+    let cases: [(&str, Arrange); 4] = [
         ("replayed", |m| {
             vec![m[0].clone(), m[1].clone(), m[0].clone()]
         }),

@@ -42,9 +42,10 @@ pub fn duplex() -> (DuplexStream, DuplexStream) {
 // without any of the crate's own framing code.
 
 pub const RECORD: u8 = 0x01;
-pub const MORE: u8 = 0x02;
-pub const CLOSE: u8 = 0x03;
-pub const REKEY: u8 = 0x04;
+pub const FIRST: u8 = 0x02;
+pub const NEXT: u8 = 0x03;
+pub const CLOSE: u8 = 0x04;
+pub const REKEY: u8 = 0x05;
 pub const MAX_PLAINTEXT: usize = 65535 - 16;
 
 pub fn snow_builder(secret: &[u8; 32]) -> snow::Builder<'_> {
@@ -87,7 +88,7 @@ pub enum Got {
 pub struct SnowPeer<S> {
     pub stream: S,
     pub transport: snow::TransportState,
-    partial: Option<Vec<u8>>,
+    partial: Option<(Vec<u8>, usize)>,
     queue: std::collections::VecDeque<Got>,
     /// REKEY chunks received (and acted on).
     pub rekeys: usize,
@@ -146,25 +147,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
         write_msg(&mut self.stream, &out[..n]).await.unwrap();
     }
 
-    /// Sends records, one message each, splitting those that do not fit.
+    /// Sends records, one message each, splitting those that do not fit
+    /// (FIRST with the total length, then NEXT parts, one per message).
     pub async fn send_records(&mut self, records: &[&[u8]]) {
         for record in records {
-            let mut rest: &[u8] = record;
-            loop {
-                let room = MAX_PLAINTEXT - 3;
-                let (kind, part) = if rest.len() <= room {
-                    (RECORD, rest)
-                } else {
-                    (MORE, &rest[..room])
-                };
-                let mut plain = vec![kind];
+            if record.len() + 3 <= MAX_PLAINTEXT {
+                let mut plain = vec![RECORD];
+                plain.extend_from_slice(&u16::try_from(record.len()).unwrap().to_be_bytes());
+                plain.extend_from_slice(record);
+                self.send_plaintext(&plain).await;
+                continue;
+            }
+            let first_len = MAX_PLAINTEXT - 3 - 4;
+            let mut plain = vec![FIRST];
+            plain.extend_from_slice(&u16::try_from(4 + first_len).unwrap().to_be_bytes());
+            plain.extend_from_slice(&u32::try_from(record.len()).unwrap().to_be_bytes());
+            plain.extend_from_slice(&record[..first_len]);
+            self.send_plaintext(&plain).await;
+            for part in record[first_len..].chunks(MAX_PLAINTEXT - 3) {
+                let mut plain = vec![NEXT];
                 plain.extend_from_slice(&u16::try_from(part.len()).unwrap().to_be_bytes());
                 plain.extend_from_slice(part);
                 self.send_plaintext(&plain).await;
-                if kind == RECORD {
-                    break;
-                }
-                rest = &rest[room..];
             }
         }
     }
@@ -196,14 +200,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> SnowPeer<S> {
                 rest = &rest[3 + len..];
                 match kind {
                     RECORD => {
-                        let mut record = self.partial.take().unwrap_or_default();
-                        record.extend_from_slice(body);
-                        self.queue.push_back(Got::Record(record));
+                        assert!(self.partial.is_none());
+                        self.queue.push_back(Got::Record(body.to_vec()));
                     }
-                    MORE => self
-                        .partial
-                        .get_or_insert_with(Vec::new)
-                        .extend_from_slice(body),
+                    FIRST => {
+                        let total = u32::from_be_bytes(body[..4].try_into().unwrap()) as usize;
+                        self.partial = Some((body[4..].to_vec(), total));
+                    }
+                    NEXT => {
+                        let (mut record, total) = self.partial.take().unwrap();
+                        record.extend_from_slice(body);
+                        assert!(record.len() <= total);
+                        if record.len() == total {
+                            self.queue.push_back(Got::Record(record));
+                        } else {
+                            self.partial = Some((record, total));
+                        }
+                    }
                     CLOSE => self.queue.push_back(Got::Close(
                         body[0],
                         String::from_utf8(body[1..].to_vec()).unwrap(),
