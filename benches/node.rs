@@ -271,7 +271,11 @@ fn main() {
             faf = faf.max(fire_and_forget(&p, faf_n).await);
         }
         println!("fire-and-forget, one connection ({faf_n} notifications, best of 3):");
-        println!("  {:>12.0} envelopes/s  (target 1.0M/s: {:.2}x)", faf, faf / 1e6);
+        println!(
+            "  {:>12.0} envelopes/s  (target 1.0M/s: {:.2}x)",
+            faf,
+            faf / 1e6
+        );
 
         let pipe_n = 300_000 / scale;
         let mut pipe: f64 = 0.0;
@@ -279,7 +283,11 @@ fn main() {
             pipe = pipe.max(pipelined(&p, pipe_n, 128).await);
         }
         println!("pipelined requests, 128 in flight ({pipe_n} requests, best of 3):");
-        println!("  {:>12.0} requests/s  (target 150k/s: {:.2}x)", pipe, pipe / 150e3);
+        println!(
+            "  {:>12.0} requests/s  (target 150k/s: {:.2}x)",
+            pipe,
+            pipe / 150e3
+        );
         println!(
             "  vs sequential capwire: {:.1}x the rate",
             pipe * cw.as_secs_f64()

@@ -16,7 +16,9 @@ async fn note(text: String) -> Result<(), HandlerError> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let echo = Capability::new("app.echo", "1.0.0")?.handle(Say, say).handle(Note, note);
+    let echo = Capability::new("app.echo", "1.0.0")?
+        .handle(Say, say)
+        .handle(Note, note);
     let server = Node::builder("echo-server")
         .listen("127.0.0.1:0".parse()?)
         .capability(echo)
@@ -24,7 +26,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let client = Node::builder("echo-client").start().await?;
 
-    let peer = client.connect(&server.local_addrs()[0], Some(server.id())).await?;
+    let peer = client
+        .connect(&server.local_addrs()[0], Some(server.id()))
+        .await?;
     peer.require(&"app.echo@^1".parse()?)?;
     println!("reply: {}", peer.request(Say, "hello".into()).await?);
     peer.notify(Note, "fire and forget".into()).await?;

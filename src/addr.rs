@@ -46,9 +46,7 @@ impl FromStr for Addr {
             return Ok(Addr::Unix(PathBuf::from(path)));
         }
         let host = s.strip_prefix("tcp://").unwrap_or(s);
-        host.parse::<SocketAddr>()
-            .map(Addr::Tcp)
-            .map_err(|_| err())
+        host.parse::<SocketAddr>().map(Addr::Tcp).map_err(|_| err())
     }
 }
 

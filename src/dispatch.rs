@@ -48,27 +48,27 @@ pub(crate) async fn on_control(
     let fire_and_forget = c.req_id.is_fire_and_forget();
     let registry = inner.registry();
     let binding = inner.binding.snapshot();
-    let permit = match decide(&registry, &inner.gate, &binding, &sender, c.cap, c.verb).into_result()
-    {
-        Ok(p) => p.into_owned(),
-        Err(reason) => {
-            let (code, outcome) = deny_code(&reason);
-            if registry.lookup(c.cap, c.verb).is_some() {
-                inner.metrics.count_known(c.cap, c.verb, outcome);
-            } else {
-                inner.metrics.count_unknown();
+    let permit =
+        match decide(&registry, &inner.gate, &binding, &sender, c.cap, c.verb).into_result() {
+            Ok(p) => p.into_owned(),
+            Err(reason) => {
+                let (code, outcome) = deny_code(&reason);
+                if registry.lookup(c.cap, c.verb).is_some() {
+                    inner.metrics.count_known(c.cap, c.verb, outcome);
+                } else {
+                    inner.metrics.count_unknown();
+                }
+                tracing::debug!(
+                    peer = %sender, cap = c.cap, verb = c.verb, req_id = c.req_id.as_str(),
+                    decision = outcome.as_str(), %reason, "envelope denied"
+                );
+                if !fire_and_forget {
+                    s.send_error(&c.req_id, &ErrorBody::new(code, reason.to_string()))
+                        .await;
+                }
+                return Ok(());
             }
-            tracing::debug!(
-                peer = %sender, cap = c.cap, verb = c.verb, req_id = c.req_id.as_str(),
-                decision = outcome.as_str(), %reason, "envelope denied"
-            );
-            if !fire_and_forget {
-                s.send_error(&c.req_id, &ErrorBody::new(code, reason.to_string()))
-                    .await;
-            }
-            return Ok(());
-        }
-    };
+        };
     drop(registry);
     let cap = c.cap;
     let verb = c.verb;
@@ -181,7 +181,8 @@ async fn execute(
         .unwrap_or(inner.limits.max_handler_time)
         .min(inner.limits.max_handler_time);
     let deadline = started + budget;
-    let (result, outcome) = run_handler(&inner, &s, &permit, &args, &req_id, deadline, &token).await;
+    let (result, outcome) =
+        run_handler(&inner, &s, &permit, &args, &req_id, deadline, &token).await;
 
     let span = tracing::Span::current();
     span.record("decision", outcome.as_str());

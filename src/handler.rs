@@ -218,7 +218,11 @@ impl_handler!(E1, E2, E3);
 pub(crate) trait ErasedHandler: Send + Sync + 'static {
     /// Decodes the raw arguments (after authorization) and starts the
     /// handler. A decode failure is `bad_args`.
-    fn start(&self, args: &[u8], cx: Context) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError>;
+    fn start(
+        &self,
+        args: &[u8],
+        cx: Context,
+    ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError>;
 }
 
 /// A shareable erased handler, as stored in the registry.
@@ -244,13 +248,20 @@ where
     M: 'static,
     H: Handler<V, M>,
 {
-    fn start(&self, args: &[u8], cx: Context) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
+    fn start(
+        &self,
+        args: &[u8],
+        cx: Context,
+    ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
         let args: V::Args = capwire_envelope::from_slice(args)?;
         let fut = self.handler.call(args, cx);
         Ok(Box::pin(async move {
             let out = fut.await?;
             RawValue::encode(&out).map_err(|e| {
-                HandlerError::new(ErrorCode::Internal, format!("result could not be encoded: {e}"))
+                HandlerError::new(
+                    ErrorCode::Internal,
+                    format!("result could not be encoded: {e}"),
+                )
             })
         }))
     }

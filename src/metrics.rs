@@ -135,7 +135,9 @@ impl Metrics {
         }
         let mut counts = [0; OUTCOMES.len()];
         counts[slot] = 1;
-        map.entry(cap.into()).or_default().insert(verb.into(), counts);
+        map.entry(cap.into())
+            .or_default()
+            .insert(verb.into(), counts);
     }
 
     /// Counts an envelope whose (cap, verb) is not registered.

@@ -7,11 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use capwire_authz::{Authorizer, BindCode, Gate, SharedBinding, BindingState};
+use capwire_authz::{Authorizer, BindCode, BindingState, Gate, SharedBinding};
 use capwire_envelope::{NodeId, ReqId};
-use capwire_manifest::{
-    Manifest, MonitoringHandlers, NodeInfo, Registry, Version,
-};
+use capwire_manifest::{Manifest, MonitoringHandlers, NodeInfo, Registry, Version};
 use capwire_transport::{
     ContactPolicy, Endpoint, EntropySource, Keypair, OsEntropy, TransportConfig,
 };
@@ -366,7 +364,10 @@ impl Inner {
     /// Bumps the manifest epoch and sends the new manifest to every peer.
     pub(crate) fn manifest_changed(self: &Arc<Self>) {
         self.manifest_epoch.fetch_add(1, Ordering::Relaxed);
-        let sessions: Vec<_> = lock(&self.peers).values().map(|p| p.session.clone()).collect();
+        let sessions: Vec<_> = lock(&self.peers)
+            .values()
+            .map(|p| p.session.clone())
+            .collect();
         for s in sessions {
             s.push_hello(self);
         }
@@ -381,7 +382,9 @@ pub struct Node {
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Node").field("id", &self.inner.id).finish_non_exhaustive()
+        f.debug_struct("Node")
+            .field("id", &self.inner.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -577,7 +580,11 @@ impl Node {
     ///
     /// # Errors
     /// The handshake or the hello exchange failed.
-    pub async fn connect_stream<S>(&self, stream: S, expected: Option<NodeId>) -> Result<Peer, NodeError>
+    pub async fn connect_stream<S>(
+        &self,
+        stream: S,
+        expected: Option<NodeId>,
+    ) -> Result<Peer, NodeError>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -589,7 +596,8 @@ impl Node {
     /// bounded exponential backoff whenever it drops.
     pub fn add_contact(&self, contact: Contact) {
         let token = self.inner.stop_accepting.child_token();
-        let previous = lock(&self.inner.contacts).insert(contact.id, (contact.clone(), token.clone()));
+        let previous =
+            lock(&self.inner.contacts).insert(contact.id, (contact.clone(), token.clone()));
         if let Some((_, old)) = previous {
             old.cancel();
         }
@@ -601,7 +609,10 @@ impl Node {
 
     /// The known contacts.
     pub fn contacts(&self) -> Vec<Contact> {
-        lock(&self.inner.contacts).values().map(|(c, _)| c.clone()).collect()
+        lock(&self.inner.contacts)
+            .values()
+            .map(|(c, _)| c.clone())
+            .collect()
     }
 
     /// A handle to call `id`. Calls wait (within their deadline) for a
@@ -653,9 +664,13 @@ impl Node {
         while lock(&inner.ledger).running() > 0 && Instant::now() < settle {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let sessions: Vec<_> = lock(&inner.peers).values().map(|p| p.session.clone()).collect();
+        let sessions: Vec<_> = lock(&inner.peers)
+            .values()
+            .map(|p| p.session.clone())
+            .collect();
         for s in sessions {
-            s.close(capwire_envelope::CloseCode::Shutdown, "node shutting down").await;
+            s.close(capwire_envelope::CloseCode::Shutdown, "node shutting down")
+                .await;
         }
         inner.tracker.close();
         inner.tracker.wait().await;
@@ -702,13 +717,19 @@ pub(crate) async fn dial(
             session::establish(inner, stream, expected, true).await
         }
         #[cfg(not(unix))]
-        Addr::Unix(_) => Err(NodeError::Config("unix sockets are not supported here".into())),
+        Addr::Unix(_) => Err(NodeError::Config(
+            "unix sockets are not supported here".into(),
+        )),
     }
 }
 
 async fn contact_loop(inner: Arc<Inner>, contact: Contact, token: CancellationToken) {
     let seed = u64::from_le_bytes(contact.id.as_bytes()[..8].try_into().unwrap_or([1; 8]));
-    let mut backoff = Backoff::new(inner.limits.reconnect_initial, inner.limits.reconnect_max, seed);
+    let mut backoff = Backoff::new(
+        inner.limits.reconnect_initial,
+        inner.limits.reconnect_max,
+        seed,
+    );
     loop {
         if token.is_cancelled() {
             return;

@@ -88,7 +88,11 @@ impl Peer {
     /// # Cancel safety
     /// Dropping the future cancels the call: a cancel frame is sent and the
     /// peer cancels its handler.
-    pub async fn request<V: VerbDef>(&self, verb: V, args: V::Args) -> Result<V::Output, CallError> {
+    pub async fn request<V: VerbDef>(
+        &self,
+        verb: V,
+        args: V::Args,
+    ) -> Result<V::Output, CallError> {
         let deadline = self.node.inner.limits.default_deadline;
         self.request_within(verb, args, deadline).await
     }
@@ -160,8 +164,15 @@ impl Peer {
         // session.
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        encode_control(&mut frame, cap, verb, &req_id, Some(budget_ms), args.as_bytes())
-            .map_err(|e| CallError::Encode(e.to_string()))?;
+        encode_control(
+            &mut frame,
+            cap,
+            verb,
+            &req_id,
+            Some(budget_ms),
+            args.as_bytes(),
+        )
+        .map_err(|e| CallError::Encode(e.to_string()))?;
         if frame.len() > session.max_frame() {
             return Err(CallError::TooLarge);
         }
@@ -186,8 +197,9 @@ impl Peer {
             Ok(Ok(reply)) => {
                 call.answered = true;
                 match reply {
-                    Reply::Ok(raw) => RawValue::from_bytes(raw)
-                        .map_err(|e| CallError::BadResult(e.to_string())),
+                    Reply::Ok(raw) => {
+                        RawValue::from_bytes(raw).map_err(|e| CallError::BadResult(e.to_string()))
+                    }
                     Reply::Err(body) => Err(CallError::from_remote(body)),
                 }
             }
@@ -205,7 +217,12 @@ impl Peer {
     ///
     /// # Errors
     /// As [`Peer::notify`].
-    pub async fn notify_raw(&self, cap: &str, verb: &str, args: &RawValue) -> Result<(), CallError> {
+    pub async fn notify_raw(
+        &self,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+    ) -> Result<(), CallError> {
         let inner = &self.node.inner;
         let session = self
             .session(Instant::now() + inner.limits.default_deadline)
@@ -230,4 +247,3 @@ impl Peer {
         }
     }
 }
-

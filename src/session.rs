@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use capwire_envelope::{
-    CloseCode, ErrorBody, FrameRef, Hello, Limits as WireLimits, NodeId, PROTOCOL_VERSION, RawValue,
-    ReqId, decode_frame, encode_close, encode_frame, encode_response_err,
+    CloseCode, ErrorBody, FrameRef, Hello, Limits as WireLimits, NodeId, PROTOCOL_VERSION,
+    RawValue, ReqId, decode_frame, encode_close, encode_frame, encode_response_err,
 };
 use capwire_manifest::Manifest;
 use capwire_transport::{RecordReceiver, RecordSender};
@@ -122,8 +122,11 @@ fn hello_frame(inner: &Inner) -> Result<Bytes, NodeError> {
             .unwrap_or(u32::MAX),
     };
     let mut out = Vec::new();
-    encode_frame(&capwire_envelope::Frame::Hello(Hello::new(manifest, limits)), &mut out)
-        .map_err(|e| NodeError::Config(format!("hello does not encode: {e}")))?;
+    encode_frame(
+        &capwire_envelope::Frame::Hello(Hello::new(manifest, limits)),
+        &mut out,
+    )
+    .map_err(|e| NodeError::Config(format!("hello does not encode: {e}")))?;
     Ok(Bytes::from(out))
 }
 
@@ -207,7 +210,10 @@ where
     });
     if let Some(loser) = loser {
         loser
-            .close(CloseCode::Replaced, "another session with this peer replaces this one")
+            .close(
+                CloseCode::Replaced,
+                "another session with this peer replaces this one",
+            )
             .await;
     }
     inner.bump_peers();
@@ -256,7 +262,10 @@ fn install(
                 session: new.clone(),
             },
         );
-        (new.clone(), old.map(|s| s.session).filter(|s| !s.is_ended()))
+        (
+            new.clone(),
+            old.map(|s| s.session).filter(|s| !s.is_ended()),
+        )
     } else {
         let current = peers
             .get(&remote)
@@ -306,7 +315,11 @@ async fn run_reader(
     inner.bump_peers();
 }
 
-async fn on_record(inner: &Arc<Inner>, s: &Arc<SessionHandle>, record: &Bytes) -> Result<(), String> {
+async fn on_record(
+    inner: &Arc<Inner>,
+    s: &Arc<SessionHandle>,
+    record: &Bytes,
+) -> Result<(), String> {
     let frame = decode_frame(record).map_err(|e| format!("malformed frame: {e}"))?;
     match frame {
         FrameRef::Control(c) => dispatch::on_control(inner, s, record, c).await?,
@@ -327,7 +340,9 @@ async fn on_record(inner: &Arc<Inner>, s: &Arc<SessionHandle>, record: &Bytes) -
             if h.protocol != PROTOCOL_VERSION {
                 return Err(format!("hello changed protocol to {}", h.protocol));
             }
-            let manifest: Manifest = h.decode_manifest().map_err(|e| format!("bad manifest: {e}"))?;
+            let manifest: Manifest = h
+                .decode_manifest()
+                .map_err(|e| format!("bad manifest: {e}"))?;
             if manifest.node_id != s.remote {
                 return Err("the manifest names another node".into());
             }
@@ -365,7 +380,10 @@ pub(crate) async fn wait_session(
         if !lock(&inner.contacts).contains_key(id) {
             return None;
         }
-        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
+        if tokio::time::timeout_at(deadline, changes.changed())
+            .await
+            .is_err()
+        {
             return None;
         }
     }
@@ -376,4 +394,3 @@ fn _assert_send_sync() {
     fn is<T: Send + Sync>() {}
     is::<SessionHandle>();
 }
-
