@@ -88,12 +88,19 @@ pub(crate) async fn on_control(
     // work running at once.
     let room = s.running.load(Ordering::Relaxed) < inner.limits.max_inflight_per_session;
     if fire_and_forget {
-        if !room {
-            // Nobody waits for an answer: the notification is dropped and
-            // counted.
-            inner.metrics.count_known(cap, verb, Outcome::Overloaded);
-            tracing::debug!(peer = %sender, cap, verb, "notification dropped: overloaded");
-            return Ok(());
+        // Nobody waits for an answer, so there is nobody to tell
+        // `overloaded`: instead the reader waits for a slot, which stops
+        // reading this session and pushes back on the sender through the
+        // transport's bounded queues and TCP flow control.
+        while s.running.load(Ordering::Acquire) >= inner.limits.max_inflight_per_session {
+            let freed = s.slot_freed.notified();
+            if s.running.load(Ordering::Acquire) < inner.limits.max_inflight_per_session {
+                break;
+            }
+            tokio::select! {
+                _ = freed => {}
+                _ = s.ended() => return Ok(()),
+            }
         }
         s.running.fetch_add(1, Ordering::Relaxed);
         spawn_execution(inner, s, permit, args, c.req_id, c.budget_ms, token);
@@ -193,7 +200,8 @@ async fn execute(
         .count_known(info.cap().as_str(), info.verb().as_str(), outcome);
 
     if req_id.is_fire_and_forget() {
-        s.running.fetch_sub(1, Ordering::Relaxed);
+        s.running.fetch_sub(1, Ordering::Release);
+        s.slot_freed.notify_one();
         if let Err(e) = &result {
             tracing::debug!(code = %e.code, message = %e.message, "notification failed");
         }
@@ -220,7 +228,8 @@ async fn execute(
     }
     let response = Bytes::from(out);
     lock(&inner.ledger).complete(s.remote(), &req_id, response.clone(), Instant::now());
-    s.running.fetch_sub(1, Ordering::Relaxed);
+    s.running.fetch_sub(1, Ordering::Release);
+    s.slot_freed.notify_one();
     if !s.is_ended() {
         let _ = s.send(response).await;
     }

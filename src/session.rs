@@ -38,6 +38,8 @@ pub(crate) struct SessionHandle {
     sender: RecordSender,
     pub(crate) pending: Mutex<HashMap<ReqId, oneshot::Sender<Reply>>>,
     pub(crate) running: AtomicUsize,
+    /// Signalled whenever a running request or notification finishes.
+    pub(crate) slot_freed: tokio::sync::Notify,
     manifest: Mutex<Arc<Manifest>>,
     pub(crate) peer_limits: WireLimits,
     /// Cancelled when the session has ended.
@@ -196,6 +198,7 @@ where
         sender,
         pending: Mutex::new(HashMap::new()),
         running: AtomicUsize::new(0),
+        slot_freed: tokio::sync::Notify::new(),
         manifest: Mutex::new(Arc::new(manifest)),
         peer_limits,
         ended: CancellationToken::new(),
