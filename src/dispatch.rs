@@ -10,6 +10,7 @@
 //! [`capwire_authz::decide`]; the binding epoch it was granted under is
 //! checked again when the handler is about to run.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -103,7 +104,7 @@ pub(crate) async fn on_control(
             }
         }
         s.running.fetch_add(1, Ordering::Relaxed);
-        spawn_execution(inner, s, permit, args, c.req_id, c.budget_ms, token);
+        start_execution(inner, s, permit, args, c.req_id, c.budget_ms, token).await;
         return Ok(());
     }
 
@@ -113,7 +114,7 @@ pub(crate) async fn on_control(
     match admission {
         Admission::Run => {
             s.running.fetch_add(1, Ordering::Relaxed);
-            spawn_execution(inner, s, permit, args, c.req_id, c.budget_ms, token);
+            start_execution(inner, s, permit, args, c.req_id, c.budget_ms, token).await;
         }
         Admission::NoRoom => {
             inner.metrics.count_known(cap, verb, Outcome::Overloaded);
@@ -144,7 +145,11 @@ pub(crate) async fn on_control(
     Ok(())
 }
 
-fn spawn_execution(
+/// Starts the handler. It is first polled right here, on the session's
+/// reader: a handler that finishes without waiting (most do) then costs no
+/// task spawn and no cross-thread wake-up. One that waits moves to a task
+/// of its own, so the reader goes on.
+async fn start_execution(
     inner: &Arc<Inner>,
     s: &Arc<SessionHandle>,
     permit: OwnedPermit<RouteHandler>,
@@ -165,12 +170,17 @@ fn spawn_execution(
     let inner = inner.clone();
     let s = s.clone();
     let tracker = inner.tracker.clone();
-    tracker.spawn(
+    let mut run = Box::pin(
         async move {
             execute(inner, s, permit, args, req_id, budget_ms, token).await;
         }
         .instrument(span),
     );
+    let finished =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())).await;
+    if !finished {
+        tracker.spawn(run);
+    }
 }
 
 async fn execute(

@@ -4,7 +4,7 @@
 //! then up to three extractors ([`FromContext`]), returning
 //! `Result<V::Output, HandlerError>`:
 //!
-//! ```ignore
+//! ```text
 //! async fn say(args: SayArgs) -> Result<String, HandlerError> { .. }
 //! async fn say_to(args: SayArgs, Sender(from): Sender) -> Result<String, HandlerError> { .. }
 //! ```
