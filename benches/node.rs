@@ -19,12 +19,12 @@ use futures_util::stream::FuturesUnordered;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-verb! { /** Echo. */ pub struct Echo: request "app.bench" / "echo", Bootstrap, Vec<u8> => Vec<u8>; }
+verb! { /** Echo. */ pub struct Echo: request "app.bench" / "echo", Bootstrap, String => String; }
 verb! { /** Count. */ pub struct Tick: notification "app.bench" / "tick", Bootstrap, u64; }
 
 const PAYLOAD: usize = 64;
 
-async fn echo(args: Vec<u8>) -> Result<Vec<u8>, HandlerError> {
+async fn echo(args: String) -> Result<String, HandlerError> {
     Ok(args)
 }
 
@@ -196,7 +196,7 @@ async fn pair() -> Pair {
 }
 
 async fn capwire_rtt(p: &Pair, n: u64) -> Duration {
-    let payload = vec![7u8; PAYLOAD];
+    let payload = "x".repeat(PAYLOAD);
     let start = Instant::now();
     for _ in 0..n {
         let out = p.peer.request(Echo, payload.clone()).await.unwrap();
@@ -218,7 +218,7 @@ async fn fire_and_forget(p: &Pair, n: u64) -> f64 {
 }
 
 async fn pipelined(p: &Pair, n: u64, window: usize) -> f64 {
-    let payload = vec![7u8; PAYLOAD];
+    let payload = "x".repeat(PAYLOAD);
     let start = Instant::now();
     let mut in_flight = FuturesUnordered::new();
     let mut sent = 0u64;
@@ -246,7 +246,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async move {
+    // Everything runs on the runtime's workers, as in a real node, not on
+    // the thread that blocks on the runtime.
+    rt.block_on(async move { tokio::spawn(run(scale)).await.unwrap() });
+}
+
+async fn run(scale: u64) {
+    {
         let rtt_n = 20_000 / scale;
         let tcp = best_of(3, rtt_n, raw_tcp_rtt).await;
         let snow = best_of(3, rtt_n, snow_rtt).await;
@@ -295,5 +301,5 @@ fn main() {
 
         p.client.shutdown().await;
         p.server.shutdown().await;
-    });
+    }
 }
