@@ -500,24 +500,9 @@ impl Node {
                 let listener = TcpListener::bind(sa).await?;
                 let local = Addr::Tcp(listener.local_addr()?);
                 let inner = self.inner.clone();
-                self.inner.tracker.spawn(async move {
-                    loop {
-                        let accepted = tokio::select! {
-                            _ = inner.stop_accepting.cancelled() => break,
-                            a = listener.accept() => a,
-                        };
-                        match accepted {
-                            Ok((stream, _)) => {
-                                let _ = stream.set_nodelay(true);
-                                session::spawn_accepted(&inner, stream);
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "accept failed");
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
-                        }
-                    }
-                });
+                self.inner
+                    .tracker
+                    .spawn(async move { accept_loop(&inner, &listener).await });
                 local
             }
             #[cfg(unix)]
@@ -526,19 +511,7 @@ impl Node {
                 let inner = self.inner.clone();
                 let socket_file = path.clone();
                 self.inner.tracker.spawn(async move {
-                    loop {
-                        let accepted = tokio::select! {
-                            _ = inner.stop_accepting.cancelled() => break,
-                            a = listener.accept() => a,
-                        };
-                        match accepted {
-                            Ok((stream, _)) => session::spawn_accepted(&inner, stream),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "accept failed");
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
-                        }
-                    }
+                    accept_loop(&inner, &listener).await;
                     // Leave the path free for the next node to listen on.
                     drop(listener);
                     let _ = std::fs::remove_file(&socket_file);
@@ -771,6 +744,48 @@ async fn contact_loop(inner: Arc<Inner>, contact: Contact, token: CancellationTo
                     _ = token.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
                 }
+            }
+        }
+    }
+}
+
+/// A listener the accept loop can take streams from.
+trait Acceptor: Send + Sync + 'static {
+    type Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    fn accept_stream(&self) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Stream = TcpStream;
+    async fn accept_stream(&self) -> std::io::Result<TcpStream> {
+        let (stream, _) = self.accept().await?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+}
+
+#[cfg(unix)]
+impl Acceptor for UnixListener {
+    type Stream = UnixStream;
+    async fn accept_stream(&self) -> std::io::Result<UnixStream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
+/// Accepts connections until the node stops accepting; each is served in
+/// its own task. Accept errors (e.g. out of file descriptors) are logged
+/// and retried after a short pause.
+async fn accept_loop<A: Acceptor>(inner: &Arc<Inner>, listener: &A) {
+    loop {
+        let accepted = tokio::select! {
+            _ = inner.stop_accepting.cancelled() => break,
+            a = listener.accept_stream() => a,
+        };
+        match accepted {
+            Ok(stream) => session::spawn_accepted(inner, stream),
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }
