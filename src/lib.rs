@@ -75,3 +75,21 @@ pub use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn public_types_are_send_and_sync() {
+        send_sync::<crate::Node>();
+        send_sync::<crate::Peer>();
+        send_sync::<crate::Capability>();
+        send_sync::<crate::NodeBuilder>();
+        send_sync::<crate::CallError>();
+        send_sync::<crate::NodeError>();
+        send_sync::<crate::HandlerError>();
+        send_sync::<crate::Context>();
+        send_sync::<crate::MetricsSnapshot>();
+    }
+}
