@@ -44,7 +44,7 @@ pub(crate) async fn on_control(
     s: &Arc<SessionHandle>,
     record: &Bytes,
     c: ControlRef<'_>,
-) -> Result<(), String> {
+) {
     let sender = s.remote();
     let fire_and_forget = c.req_id.is_fire_and_forget();
     let registry = inner.registry();
@@ -67,7 +67,7 @@ pub(crate) async fn on_control(
                     s.send_error(&c.req_id, &ErrorBody::new(code, reason.to_string()))
                         .await;
                 }
-                return Ok(());
+                return;
             }
         };
     drop(registry);
@@ -80,7 +80,7 @@ pub(crate) async fn on_control(
             s.send_error(&c.req_id, &body).await;
         }
         inner.metrics.count_known(cap, verb, Outcome::Cancelled);
-        return Ok(());
+        return;
     }
 
     let args = record.slice_ref(c.args);
@@ -100,12 +100,12 @@ pub(crate) async fn on_control(
             }
             tokio::select! {
                 _ = freed => {}
-                _ = s.ended() => return Ok(()),
+                _ = s.ended() => return,
             }
         }
         s.running.fetch_add(1, Ordering::Relaxed);
         start_execution(inner, s, permit, args, c.req_id, c.budget_ms, token).await;
-        return Ok(());
+        return;
     }
 
     // The ledger answers repeats and duplicates even when the session is at
@@ -142,7 +142,6 @@ pub(crate) async fn on_control(
             s.send_error(&c.req_id, &body).await;
         }
     }
-    Ok(())
 }
 
 /// Starts the handler. It is first polled right here, on the session's

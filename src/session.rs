@@ -325,7 +325,7 @@ async fn on_record(
 ) -> Result<(), String> {
     let frame = decode_frame(record).map_err(|e| format!("malformed frame: {e}"))?;
     match frame {
-        FrameRef::Control(c) => dispatch::on_control(inner, s, record, c).await?,
+        FrameRef::Control(c) => dispatch::on_control(inner, s, record, c).await,
         FrameRef::Response(r) => {
             let waiter = lock(&s.pending).remove(&r.req_id);
             if let Some(tx) = waiter {

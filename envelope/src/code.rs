@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::id::IdError;
+use crate::id::{IdError, is_segment};
 use crate::raw::RawValue;
 
 /// Longest application error code, in bytes.
@@ -173,10 +173,7 @@ impl TryFrom<&str> for AppCode {
                 max: MAX_APP_CODE_LEN,
             });
         }
-        let mut bytes = s.bytes();
-        let well_formed = matches!(bytes.next(), Some(b'a'..=b'z'))
-            && bytes.all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'));
-        if !well_formed {
+        if !is_segment(s) {
             return Err(IdError::Malformed {
                 kind,
                 why: "an error code is lowercase `[a-z][a-z0-9_]*`",

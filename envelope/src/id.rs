@@ -55,7 +55,9 @@ pub enum Namespace {
     App,
 }
 
-fn is_segment(s: &str) -> bool {
+/// `[a-z][a-z0-9_]*`: one segment of a capability id, a verb, or an app
+/// error code.
+pub(crate) fn is_segment(s: &str) -> bool {
     let mut bytes = s.bytes();
     matches!(bytes.next(), Some(b'a'..=b'z'))
         && bytes.all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'))
