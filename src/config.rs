@@ -3,40 +3,85 @@
 use std::time::Duration;
 
 /// Limits and timings of a node. Every queue and table a peer can fill is
-/// bounded by one of these.
+/// bounded by one of these; [`Limits::validate`] checks that they can work
+/// together (the node builder calls it).
+///
+/// What one peer can cost a node at most, with these limits: one session
+/// (two while a replacement takes over); `max_inflight_per_session` jobs
+/// running; `max_queued_bytes_per_session` of frames waiting for the wire
+/// plus the responses of its running jobs; `max_parked_bytes_per_session`
+/// of notifications waiting for a slot; its ledger partition,
+/// `replay_sender_max_bytes`; and one read buffer of about 66 KiB while it
+/// sends. A peer that stops reading is closed after `write_timeout`.
 ///
 /// ```
 /// use capwire::Limits;
 /// let limits = Limits { max_inflight_per_session: 256, ..Limits::default() };
+/// assert!(limits.validate().is_ok());
 /// assert_eq!(limits.default_deadline.as_secs(), 30);
+/// let broken = Limits { max_inflight_per_session: 0, ..Limits::default() };
+/// assert!(broken.validate().is_err());
 /// ```
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Requests and notifications from one session that may run at once;
-    /// more requests are answered `overloaded`, more notifications are
-    /// dropped (and counted as overloaded). Default 1024.
+    /// Requests and notifications from one session that may be in flight
+    /// at once (running, or answered and waiting for the wire); more
+    /// requests are answered `overloaded`, more notifications wait for a
+    /// slot. Default 1024.
     pub max_inflight_per_session: usize,
     /// Calls this node may have waiting for answers on one session; more
     /// fail locally with `Overloaded`. Default 65536.
     pub max_pending_calls_per_session: usize,
+    /// Bytes of frames one session may have waiting to be sent. Beyond it,
+    /// callers wait (within their deadline) and the session stops reading
+    /// from the peer until the peer takes what it asked for. Default 8 MiB.
+    pub max_queued_bytes_per_session: usize,
+    /// Bytes of notifications one session may have waiting for a slot
+    /// while reading goes on; beyond it the session stops reading from
+    /// the peer. Default 1 MiB.
+    pub max_parked_bytes_per_session: usize,
+    /// A peer that takes none of our bytes for this long, while we have
+    /// some for it, is dropped (its calls fail). Default 30 s.
+    pub write_timeout: Duration,
     /// Deadline of a call that does not set one. Default 30 s.
     pub default_deadline: Duration,
     /// Longest budget a handler is given, whatever the caller asks. Default 300 s.
     pub max_handler_time: Duration,
     /// How long finished requests are remembered for replay. Default 120 s.
     pub replay_window: Duration,
-    /// How many finished requests are remembered. Default 100,000.
-    pub replay_max_entries: usize,
-    /// Bytes of remembered responses kept; beyond it the oldest responses
-    /// are dropped (their requests are still recognised). Default 64 MiB.
+    /// Bytes the replay ledger may use in all, counting each entry's whole
+    /// cost. Default 64 MiB.
     pub replay_max_bytes: usize,
+    /// Bytes one sender's part of the replay ledger may use. Beyond it the
+    /// sender's own oldest responses are released (their requests stay
+    /// known and are answered `duplicate`); a sender whose released
+    /// entries alone fill it is answered `overloaded`. Default 16 MiB.
+    pub replay_sender_max_bytes: usize,
     /// Time for the peer's hello after the handshake. Default 10 s.
     pub hello_timeout: Duration,
-    /// Sessions (accepted and dialled) at once. Default 1024.
-    pub max_sessions: usize,
+    /// Time for a whole `connect`: dialling, handshake and hello. Default 10 s.
+    pub connect_timeout: Duration,
+    /// Sessions the peers dialled. Default 1024.
+    pub max_inbound_sessions: usize,
+    /// Sessions this node dialled. Default 256.
+    pub max_outbound_sessions: usize,
+    /// Extra sessions kept for contacts and the bound control plane when
+    /// the budget of their direction is used up. Default 32.
+    pub reserved_sessions: usize,
+    /// Inbound handshakes from one source address at once; more are
+    /// answered "busy". Default 16.
+    pub max_handshakes_per_source: usize,
+    /// Inbound connections accepted per second, on average; more are
+    /// answered "busy". Default 1000.
+    pub accept_rate: u32,
+    /// Inbound connections accepted at once above the rate. Default 256.
+    pub accept_burst: u32,
     /// Graceful shutdown waits this long for running handlers before it
     /// cancels them. Default 5 s.
     pub shutdown_grace: Duration,
+    /// Once a session is closing, it is dropped after this long whatever
+    /// the peer does. Default 1 s.
+    pub close_timeout: Duration,
     /// First delay before redialling a contact. Default 100 ms.
     pub reconnect_initial: Duration,
     /// Longest delay between redials. Default 30 s.
@@ -48,16 +93,90 @@ impl Default for Limits {
         Self {
             max_inflight_per_session: 1024,
             max_pending_calls_per_session: 65536,
+            max_queued_bytes_per_session: 8 << 20,
+            max_parked_bytes_per_session: 1 << 20,
+            write_timeout: Duration::from_secs(30),
             default_deadline: Duration::from_secs(30),
             max_handler_time: Duration::from_secs(300),
             replay_window: Duration::from_secs(120),
-            replay_max_entries: 100_000,
             replay_max_bytes: 64 << 20,
+            replay_sender_max_bytes: 16 << 20,
             hello_timeout: Duration::from_secs(10),
-            max_sessions: 1024,
+            connect_timeout: Duration::from_secs(10),
+            max_inbound_sessions: 1024,
+            max_outbound_sessions: 256,
+            reserved_sessions: 32,
+            max_handshakes_per_source: 16,
+            accept_rate: 1000,
+            accept_burst: 256,
             shutdown_grace: Duration::from_secs(5),
+            close_timeout: Duration::from_secs(1),
             reconnect_initial: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(30),
         }
+    }
+}
+
+/// The longest any duration setting may be: ten years. Longer values
+/// would overflow clock arithmetic.
+const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+impl Limits {
+    /// Checks that the values can work together.
+    ///
+    /// # Errors
+    /// A message naming the first problem.
+    pub fn validate(&self) -> Result<(), String> {
+        let counts = [
+            ("max_inflight_per_session", self.max_inflight_per_session),
+            ("max_pending_calls_per_session", self.max_pending_calls_per_session),
+            ("max_queued_bytes_per_session", self.max_queued_bytes_per_session),
+            ("max_parked_bytes_per_session", self.max_parked_bytes_per_session),
+            ("replay_max_bytes", self.replay_max_bytes),
+            ("replay_sender_max_bytes", self.replay_sender_max_bytes),
+            ("max_inbound_sessions", self.max_inbound_sessions),
+            ("max_outbound_sessions", self.max_outbound_sessions),
+            ("max_handshakes_per_source", self.max_handshakes_per_source),
+        ];
+        for (name, value) in counts {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.accept_rate == 0 || self.accept_burst == 0 {
+            return Err("accept_rate and accept_burst must be at least 1".into());
+        }
+        let durations = [
+            ("write_timeout", self.write_timeout),
+            ("default_deadline", self.default_deadline),
+            ("max_handler_time", self.max_handler_time),
+            ("replay_window", self.replay_window),
+            ("hello_timeout", self.hello_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("shutdown_grace", self.shutdown_grace),
+            ("close_timeout", self.close_timeout),
+            ("reconnect_initial", self.reconnect_initial),
+            ("reconnect_max", self.reconnect_max),
+        ];
+        for (name, value) in durations {
+            if value > MAX_DURATION {
+                return Err(format!("{name} must be at most ten years"));
+            }
+        }
+        for (name, value) in [
+            ("write_timeout", self.write_timeout),
+            ("hello_timeout", self.hello_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("close_timeout", self.close_timeout),
+            ("replay_window", self.replay_window),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.reconnect_initial > self.reconnect_max {
+            return Err("reconnect_initial must not exceed reconnect_max".into());
+        }
+        Ok(())
     }
 }

@@ -1,6 +1,9 @@
-//! Errors of the node runtime.
+//! Errors of the node runtime, named by who is at fault: the peer
+//! (denied, remote error, misbehaved), this side's use of the API
+//! (configuration, encoding), time (local timeout), or the connection
+//! (lost, refused, shutdown).
 
-use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
+use capwire_envelope::{CloseCode, ErrorBody, ErrorCode, NodeId};
 
 /// Why a call to a peer did not produce a result.
 ///
@@ -96,13 +99,26 @@ pub enum NodeError {
     /// The peer broke the session protocol (bad hello, wrong first frame).
     #[error("peer violated the session protocol: {0}")]
     Protocol(String),
+    /// The peer refused the session: it sent a close frame instead of (or
+    /// right after) its hello, e.g. `overloaded` when it keeps no more
+    /// sessions, or `shutdown`.
+    #[error("the peer refused the session: {code}: {reason}")]
+    Refused {
+        /// The peer's close code.
+        code: CloseCode,
+        /// The peer's reason, for people.
+        reason: String,
+    },
+    /// The connection ended before the session was open.
+    #[error("the connection ended before the session was open: {0}")]
+    ConnectionLost(String),
     /// Something did not happen in time.
     #[error("timed out")]
     Timeout,
     /// The node is shutting down.
     #[error("the node is shutting down")]
     Shutdown,
-    /// Too many sessions are open.
+    /// This node keeps no more sessions of this kind.
     #[error("too many sessions")]
     TooManySessions,
 }

@@ -41,27 +41,62 @@
 //!                                                        │ permit
 //!                               args decode ─► handler ─► response (runtime-encoded)
 //! ```
+//!
+//! # Threading model
+//!
+//! Each connection is served by **one task**, its driver, which owns the
+//! stream in both directions, the record layer (sealing, opening,
+//! packing, splitting) and, through a lock held for microseconds at a time,
+//! the session's I/O-free state machine (`proto`). The driver reads what
+//! the socket has, decides every envelope (chokepoint, ledger, bounds),
+//! and polls each handler once right there: a handler that finishes
+//! without waiting (most do) costs no task and no wake-up, and its
+//! response goes into the very next write. A handler that waits moves to
+//! a task of its own and hands its response back with one wake-up. Calls
+//! from the application (`Peer::request`, `notify`) queue their frame
+//! under the same lock and wake the driver: one hand-off. Besides the
+//! drivers, a node runs one accept loop per listener, one dial loop per
+//! contact, a task for each handshake in progress, one that expires the
+//! pending bind, and one that sweeps the replay ledger.
+//!
+//! # Bounds
+//!
+//! What one peer can cost a node is bounded by [`Limits`]: jobs in flight
+//! per session, bytes queued per session (responses waiting for the wire
+//! included, so a peer that never reads fills its own queue, is no longer
+//! read, and is dropped after `write_timeout`), bytes of notifications
+//! waiting for a slot, calls waiting for answers, and its share of the
+//! replay ledger (counted in bytes of whole entries; a sender only ever
+//! releases its own). Inbound connections need a handshake permit before
+//! they are accepted, pass an accept rate and a per-source bound, and must
+//! send their first handshake message within a short deadline; inbound
+//! and outbound sessions have separate budgets, with slots kept for
+//! contacts and the bound control plane. Shutdown ends within
+//! `shutdown_grace + close_timeout + 350 ms` whatever peers do.
 
 mod addr;
-mod backoff;
+mod client;
 mod config;
+mod control;
+mod core;
 mod dispatch;
 mod error;
-mod handler;
-mod ledger;
-mod metrics;
-mod monitoring;
+mod net;
 mod node;
-mod peer;
-mod session;
+mod proto;
 
 pub use addr::{Addr, AddrParseError};
+pub use client::Peer;
 pub use config::Limits;
+pub use dispatch::extract::{Context, Extensions, FromContext, Meta, Sender, State};
+pub use dispatch::handler::{Handler, HandlerError};
+pub use dispatch::metrics::{MetricRow, MetricsSnapshot, Outcome};
 pub use error::{CallError, NodeError};
-pub use handler::{Context, FromContext, Handler, HandlerError, Meta, Sender, State};
-pub use metrics::{MetricRow, MetricsSnapshot, Outcome};
-pub use node::{Capability, Contact, Invite, Node, NodeBuilder};
-pub use peer::Peer;
+pub use net::peers::Contact;
+pub use node::builder::{Capability, NodeBuilder};
+pub use node::handle::NodeHandle;
+pub use node::{Invite, Node};
+pub use proto::ledger::LedgerSizes;
 
 pub use capwire_authz as authz;
 pub use capwire_envelope as envelope;
@@ -91,5 +126,7 @@ mod tests {
         send_sync::<crate::HandlerError>();
         send_sync::<crate::Context>();
         send_sync::<crate::MetricsSnapshot>();
+        send_sync::<crate::NodeHandle>();
+        send_sync::<crate::Extensions>();
     }
 }

@@ -158,7 +158,7 @@ async fn envelopes_larger_than_the_receiver_accepts_are_too_large_and_the_sessio
         );
         assert_eq!(server.connected_peers(), vec![client.id()]);
         assert_eq!(client.pending_calls(), 0);
-        assert_eq!(server.ledger_sizes().0, 0);
+        assert_eq!(server.ledger_sizes().running, 0);
     }
 }
 
@@ -189,14 +189,22 @@ async fn no_response_frame_is_ever_sent_for_a_notification() {
     raw_peer.control("app.echo", "nope", "", &raw("x")).await;
     raw_peer.control("app.nope", "note", "", &raw("x")).await;
     raw_peer.control("app.echo", "note", "", &raw(&17u32)).await;
-    raw_peer.control("app.echo", "boom", "", &raw("boom")).await;
+    raw_peer.control("app.echo", "fail", "", &raw("boom")).await;
+    raw_peer.control("app.echo", "fail", "", &raw("refuse")).await;
     raw_peer.control("app.echo", "admin", "", &raw("x")).await;
+    // A request verb sent without req_id is refused, and not answered.
+    raw_peer.control("app.echo", "say", "", &raw("x")).await;
     raw_peer.control("app.echo", "note", "", &raw("two")).await;
     wait_until("both notes ran", || Counters::get(&counters.notes) == 2).await;
-    wait_until("the failing notification ran", || {
-        server.metrics().count("app.echo", "boom", Outcome::Failed) == 1
+    wait_until("the failing notifications ran", || {
+        server.metrics().count("app.echo", "fail", Outcome::Failed) == 2
     })
     .await;
+    assert_eq!(
+        server.metrics().count("app.echo", "say", Outcome::WrongKind),
+        1
+    );
+    assert_eq!(Counters::get(&counters.say), 0);
     assert_eq!(
         server.metrics().count("app.echo", "note", Outcome::BadArgs),
         1
@@ -253,7 +261,7 @@ async fn deadline_expiry_times_out_and_cancels_the_handler() {
     })
     .await;
     wait_until("nothing runs on the server", || {
-        server.ledger_sizes().0 == 0
+        server.ledger_sizes().running == 0
     })
     .await;
 }
@@ -277,7 +285,7 @@ async fn the_deadline_travels_as_a_budget_and_the_callee_stops_on_its_own() {
         Counters::get(&counters.held_ended) == 1
     })
     .await;
-    assert_eq!(server.ledger_sizes().0, 0);
+    assert_eq!(server.ledger_sizes().running, 0);
 }
 
 #[tokio::test]
@@ -311,7 +319,7 @@ async fn dropping_the_request_future_cancels_the_handler() {
     })
     .await;
     assert_eq!(client.pending_calls(), 0);
-    assert_eq!(server.ledger_sizes().0, 0);
+    assert_eq!(server.ledger_sizes().running, 0);
     // The session is still good.
     assert_eq!(
         peer.request(Say, "still".into()).await.unwrap(),
@@ -474,7 +482,8 @@ async fn a_repeated_req_id_gets_the_remembered_response_without_running_again() 
     assert_eq!(failed.outcome.clone().unwrap_err().code, ErrorCode::BadArgs);
     raw_peer.control("app.echo", "say", "r2", &raw(&5u8)).await;
     assert_eq!(raw_peer.response("r2").await, failed);
-    assert_eq!(server.ledger_sizes(), (0, 2));
+    let sizes = server.ledger_sizes();
+    assert_eq!((sizes.running, sizes.remembered), (0, 2));
 }
 
 #[tokio::test]
@@ -577,7 +586,7 @@ async fn notifications_beyond_the_in_flight_limit_wait_and_are_never_lost() {
     let (server, counters) = echo_node(limits).await;
     let mut raw_peer = RawPeer::connect(&server).await;
     for i in 0..20u64 {
-        raw_peer.control("app.echo", "hold", "", &raw(&i)).await;
+        raw_peer.control("app.echo", "wait", "", &raw(&i)).await;
     }
     wait_until("four notifications run", || {
         Counters::get(&counters.held) == 4
@@ -595,7 +604,7 @@ async fn notifications_beyond_the_in_flight_limit_wait_and_are_never_lost() {
     assert_eq!(
         server
             .metrics()
-            .count("app.echo", "hold", Outcome::Overloaded),
+            .count("app.echo", "wait", Outcome::Overloaded),
         0,
         "no notification was shed"
     );
@@ -681,9 +690,9 @@ async fn ten_thousand_concurrent_requests_complete_without_leaks() {
     }
     assert_eq!(Counters::get(&counters.delay), N as usize);
     assert_eq!(client.pending_calls(), 0);
-    let (running, remembered) = server.ledger_sizes();
-    assert_eq!(running, 0);
-    assert_eq!(remembered, N as usize);
+    let sizes = server.ledger_sizes();
+    assert_eq!(sizes.running, 0);
+    assert_eq!(sizes.remembered, N as usize);
     assert_eq!(server.metrics().count("app.echo", "delay", Outcome::Ok), N);
 }
 

@@ -285,7 +285,7 @@ async fn graceful_shutdown_answers_every_request_in_flight() {
         "the unfinished handlers were cancelled"
     );
     assert_eq!(Counters::get(&counters.held_ended), 6);
-    assert_eq!(server.ledger_sizes().0, 0);
+    assert_eq!(server.ledger_sizes().running, 0);
     assert_eq!(client.pending_calls(), 0);
 
     // The session was closed with a reason.
@@ -342,7 +342,7 @@ async fn shutting_down_the_caller_ends_its_calls_with_a_typed_error() {
         server.connected_peers().is_empty()
     })
     .await;
-    assert_eq!(server.ledger_sizes().0, 0);
+    assert_eq!(server.ledger_sizes().running, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -499,8 +499,19 @@ async fn a_peer_that_never_sends_its_hello_is_dropped() {
         capwire::envelope::decode_frame(&first).unwrap(),
         capwire::envelope::FrameRef::Hello(_)
     ));
-    // We never answer with our hello; the node gives up on us.
+    // We never answer with our hello; the node gives up on us, saying so.
     let started = tokio::time::Instant::now();
+    let close = tokio::time::timeout(Duration::from_secs(60), conn.recv())
+        .await
+        .expect("the node ends the session")
+        .unwrap()
+        .expect("a close frame before the end");
+    let capwire::envelope::FrameRef::Close(close) =
+        capwire::envelope::decode_frame(&close).unwrap()
+    else {
+        panic!("a close frame, got {close:?}");
+    };
+    assert_eq!(close.code, capwire::envelope::CloseCode::ProtocolError);
     let end = tokio::time::timeout(Duration::from_secs(60), conn.recv())
         .await
         .expect("the node ends the session");

@@ -15,12 +15,12 @@ use crate::error::DecodeError;
 /// counts as one level when it is an array or a map).
 pub const MAX_DEPTH: usize = 32;
 
-const MAJOR_UINT: u8 = 0;
-const MAJOR_NEG: u8 = 1;
-const MAJOR_BYTES: u8 = 2;
-const MAJOR_TEXT: u8 = 3;
-const MAJOR_ARRAY: u8 = 4;
-const MAJOR_MAP: u8 = 5;
+pub(crate) const MAJOR_UINT: u8 = 0;
+pub(crate) const MAJOR_NEG: u8 = 1;
+pub(crate) const MAJOR_BYTES: u8 = 2;
+pub(crate) const MAJOR_TEXT: u8 = 3;
+pub(crate) const MAJOR_ARRAY: u8 = 4;
+pub(crate) const MAJOR_MAP: u8 = 5;
 
 /// Maps up to this many entries check for duplicate keys without allocating.
 const SMALL_MAP: usize = 16;
@@ -52,8 +52,26 @@ impl<'a> Cursor<'a> {
         Self { buf, pos: 0 }
     }
 
+    /// A cursor at byte `pos` of `buf` (past the end reads as truncated).
+    pub(crate) fn at(buf: &'a [u8], pos: usize) -> Self {
+        Self {
+            buf,
+            pos: pos.min(buf.len()),
+        }
+    }
+
     pub(crate) fn pos(&self) -> usize {
         self.pos
+    }
+
+    /// The whole input, also what lies before the cursor.
+    pub(crate) fn buf(&self) -> &'a [u8] {
+        self.buf
+    }
+
+    /// The next byte, without moving.
+    pub(crate) fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
     }
 
     pub(crate) fn remaining(&self) -> usize {
@@ -299,22 +317,69 @@ pub fn validate(bytes: &[u8]) -> Result<(), DecodeError> {
     cur.finish()
 }
 
+/// The longest header: an initial byte and an 8-byte argument.
+const MAX_HEAD_LEN: usize = 9;
+
+/// The shortest header for `major` with argument `n`, and its length.
+fn head_bytes(major: u8, n: u64) -> ([u8; MAX_HEAD_LEN], usize) {
+    let m = major << 5;
+    let mut head = [0; MAX_HEAD_LEN];
+    let len = if n < 24 {
+        head[0] = m | n as u8;
+        1
+    } else if n <= 0xff {
+        head[0] = m | 24;
+        head[1] = n as u8;
+        2
+    } else if n <= 0xffff {
+        head[0] = m | 25;
+        head[1..3].copy_from_slice(&(n as u16).to_be_bytes());
+        3
+    } else if n <= 0xffff_ffff {
+        head[0] = m | 26;
+        head[1..5].copy_from_slice(&(n as u32).to_be_bytes());
+        5
+    } else {
+        head[0] = m | 27;
+        head[1..9].copy_from_slice(&n.to_be_bytes());
+        9
+    };
+    (head, len)
+}
+
 /// Appends a header with the shortest encoding of `n`.
 pub(crate) fn write_head(out: &mut Vec<u8>, major: u8, n: u64) {
-    let m = major << 5;
-    if n < 24 {
-        out.push(m | n as u8);
-    } else if n <= 0xff {
-        out.extend_from_slice(&[m | 24, n as u8]);
-    } else if n <= 0xffff {
-        out.push(m | 25);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-    } else if n <= 0xffff_ffff {
-        out.push(m | 26);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
+    let (head, len) = head_bytes(major, n);
+    out.extend_from_slice(&head[..len]);
+}
+
+/// Replaces the `old_len`-byte header at `at` with the shortest header for
+/// `major` and `n`, moving what follows when the length changes. This is how
+/// a container whose item count was not known up front gets its definite
+/// length once its items are written.
+pub(crate) fn patch_head(out: &mut Vec<u8>, at: usize, old_len: usize, major: u8, n: u64) {
+    let (head, len) = head_bytes(major, n);
+    let at = at.min(out.len());
+    let end = at.saturating_add(old_len).min(out.len());
+    if len == end - at {
+        out[at..end].copy_from_slice(&head[..len]);
     } else {
-        out.push(m | 27);
-        out.extend_from_slice(&n.to_be_bytes());
+        out.splice(at..end, head[..len].iter().copied());
+    }
+}
+
+/// Appends a float in its shortest exact form (the choice ciborium's
+/// encoder makes, and what [`validate`] requires).
+pub(crate) fn write_float(out: &mut Vec<u8>, v: f64) {
+    if fits_f16(v) {
+        out.push(0xf9);
+        out.extend_from_slice(&f16::from_f64(v).to_bits().to_be_bytes());
+    } else if fits_f32(v) {
+        out.push(0xfa);
+        out.extend_from_slice(&(v as f32).to_bits().to_be_bytes());
+    } else {
+        out.push(0xfb);
+        out.extend_from_slice(&v.to_bits().to_be_bytes());
     }
 }
 

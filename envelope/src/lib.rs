@@ -46,6 +46,7 @@ mod error;
 mod frame;
 mod id;
 mod raw;
+mod transcode;
 
 pub use cbor::{MAX_DEPTH, validate};
 pub use code::{

@@ -9,6 +9,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::cbor::{self, validate};
 use crate::error::{DecodeError, EncodeError};
+use crate::transcode::{Item, Writer, definite_lengths};
 
 /// Strings up to this size are decoded through a stack buffer; longer ones
 /// are read into their own allocation (whose size is bounded by the input).
@@ -36,7 +37,9 @@ pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, EncodeError> 
 /// `out`. On error `out` is left as it was.
 ///
 /// Values whose `Serialize` does not know its length up front (for example
-/// `#[serde(flatten)]` structs) are still written with definite lengths.
+/// `#[serde(flatten)]` structs) are still written with definite lengths:
+/// the encoding is rewritten with the counts found, without building a
+/// value tree.
 ///
 /// # Errors
 /// As [`to_vec`].
@@ -44,11 +47,11 @@ pub fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Resul
     let start = out.len();
     let result = encode_direct(value, out).and_then(|()| match validate(&out[start..]) {
         Err(DecodeError::IndefiniteLength { .. }) => {
-            // Re-encode through a value tree, which always knows its lengths.
+            // ciborium wrote an array or map of unknown length as an
+            // indefinite-length item: count its items and rewrite it.
+            let definite = definite_lengths(&out[start..]).map_err(EncodeError::Profile)?;
             out.truncate(start);
-            let tree = ciborium::Value::serialized(value)
-                .map_err(|e| EncodeError::Serialize(e.to_string()))?;
-            encode_direct(&tree, out)?;
+            out.extend_from_slice(&definite);
             validate(&out[start..]).map_err(EncodeError::Profile)
         }
         other => other.map_err(EncodeError::Profile),
@@ -111,7 +114,19 @@ pub(crate) fn decode_validated<T: DeserializeOwned>(item: &[u8]) -> Result<T, De
 /// ```
 ///
 /// Through serde, a `RawValue` is transcoded: serialized as the value it
-/// holds (in any format, e.g. JSON), and deserialized from any value.
+/// holds (in any format, e.g. JSON), and deserialized from any value the
+/// profile can hold. Neither direction builds a value tree: serializing
+/// walks the bytes, and deserializing writes the bytes as it goes, so the
+/// memory used is about the size of the encoding. CBOR to `RawValue` to
+/// CBOR gives the same bytes.
+///
+/// ```
+/// use capwire_envelope::RawValue;
+/// let v: RawValue = serde_json::from_str(r#"{"a": [1, -2, "x", null, 1.5]}"#).unwrap();
+/// assert_eq!(serde_json::to_string(&v).unwrap(), r#"{"a":[1,-2,"x",null,1.5]}"#);
+/// // Values outside the profile are errors: here a duplicate key.
+/// assert!(serde_json::from_str::<RawValue>(r#"{"a": 1, "a": 2}"#).is_err());
+/// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct RawValue(Bytes);
 
@@ -197,15 +212,16 @@ impl AsRef<[u8]> for RawValue {
 
 impl Serialize for RawValue {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let tree: ciborium::Value = self.decode().map_err(serde::ser::Error::custom)?;
-        tree.serialize(s)
+        Item::new(&self.0).serialize(s)
     }
 }
 
 impl<'de> Deserialize<'de> for RawValue {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let tree = ciborium::Value::deserialize(d)?;
-        Self::encode(&tree).map_err(serde::de::Error::custom)
+        let mut out = Vec::new();
+        d.deserialize_any(Writer::new(&mut out))?;
+        validate(&out).map_err(|e| serde::de::Error::custom(EncodeError::Profile(e)))?;
+        Ok(Self(out.into()))
     }
 }
 

@@ -51,6 +51,7 @@ mod monitoring;
 mod registry;
 mod requirement;
 mod spec;
+mod validate;
 mod verb;
 
 pub use class::{AuthClass, DeclaredClass, VerbKind};
@@ -59,11 +60,14 @@ pub use manifest::{CapabilityManifest, Manifest, ManifestTracker, MonitoringStat
 pub use monitoring::{
     BindArgs, BindReply, CORE_MONITORING, MonitoringBind, MonitoringDisable, NoArgs,
 };
-pub use registry::{
-    MAX_APP_ID_LEN, MAX_DESCRIPTION_LEN, MAX_NAME_LEN, MAX_PARAMS_LEN, MAX_SCHEMA_LEN,
-    MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo,
-};
+pub use registry::{MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo};
 pub use requirement::CapRequirement;
 pub use semver::{Version, VersionReq};
 pub use spec::{Capability, VerbSpec};
-pub use verb::{VerbDef, cap_id_is_well_formed, verb_is_well_formed};
+pub use validate::{
+    MAX_APP_ID_LEN, MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN,
+    MAX_PARAMS_LEN, MAX_SCHEMA_LEN, MAX_VERBS,
+};
+pub use verb::{
+    NotificationVerb, RequestVerb, VerbDef, cap_id_is_well_formed, verb_is_well_formed,
+};

@@ -50,6 +50,11 @@ impl fmt::Display for MonitoringStatus {
 /// Carried in the hello frame and its updates; encoded with the strict CBOR
 /// profile as a map with exactly these keys (see `WIRE.md` section 3).
 /// Capabilities are sorted by id and verbs by name.
+///
+/// A peer's manifest is read with [`Manifest::decode_checked`], which
+/// bounds its length and checks every rule of the manifest
+/// ([`Manifest::validate`]); a [`Registry`] only ever produces manifests
+/// that pass.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {

@@ -1,5 +1,7 @@
 //! `core.monitoring`: the capability every node has.
 
+use std::fmt;
+
 use capwire_envelope::RawValue;
 use schemars::JsonSchema;
 use semver::Version;
@@ -17,11 +19,26 @@ pub(crate) fn version() -> Version {
 }
 
 /// Args of `core.monitoring/bind`: the code of the node's pending bind.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+///
+/// The code is a secret: `Debug` does not show it.
+///
+/// ```
+/// let args = capwire_manifest::BindArgs { code: "K7M2Q9XW4P".into() };
+/// assert_eq!(format!("{args:?}"), "BindArgs { code: <redacted> }");
+/// ```
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BindArgs {
     /// The bind code printed in the node's invite.
     pub code: String,
+}
+
+impl fmt::Debug for BindArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BindArgs")
+            .field("code", &format_args!("<redacted>"))
+            .finish()
+    }
 }
 
 /// Result of a successful `core.monitoring/bind`: what the control plane

@@ -15,28 +15,21 @@ use crate::error::ManifestError;
 use crate::manifest::{CapabilityManifest, Manifest, MonitoringStatus, VerbManifest};
 use crate::monitoring::{self, MonitoringBind, MonitoringDisable};
 use crate::spec::{Capability, VerbSpec};
-
-/// Longest [`NodeInfo::app_id`], in bytes.
-pub const MAX_APP_ID_LEN: usize = 64;
-/// Longest [`NodeInfo::name`], in bytes.
-pub const MAX_NAME_LEN: usize = 128;
-/// Longest [`NodeInfo::description`], in bytes.
-pub const MAX_DESCRIPTION_LEN: usize = 1024;
-/// Longest capability params text, in bytes.
-pub const MAX_PARAMS_LEN: usize = 4096;
-/// Longest JSON Schema text of a verb's args or result, in bytes.
-pub const MAX_SCHEMA_LEN: usize = 16 * 1024;
+use crate::validate::{
+    MAX_APP_ID_LEN, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN, check_len, check_params,
+    check_schema, encoded_len,
+};
 
 /// Who a node is, as its manifest says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {
     /// The node's identity.
     pub node_id: NodeId,
-    /// The application it runs.
+    /// The application it runs, at most [`MAX_APP_ID_LEN`] bytes.
     pub app_id: String,
-    /// A human-readable name.
+    /// A human-readable name, at most [`MAX_NAME_LEN`] bytes.
     pub name: String,
-    /// A human-readable description.
+    /// A human-readable description, at most [`MAX_DESCRIPTION_LEN`] bytes.
     pub description: String,
 }
 
@@ -336,16 +329,26 @@ impl<H> RegistryBuilder<H> {
 
     /// Checks every declaration and builds the registry.
     ///
+    /// The manifest the registry produces is then held to the rules a
+    /// receiver checks ([`Manifest::validate`] and [`MAX_MANIFEST_LEN`],
+    /// with the longest monitoring status and epoch), so that a node never
+    /// sends a manifest its peers would refuse.
+    ///
     /// # Errors
     /// The first breach, in declaration order (`core.monitoring` first):
+    /// [`ManifestError::FieldTooLong`] (node info),
     /// [`ManifestError::InvalidCapId`], [`ManifestError::ReservedNamespace`]
     /// (an app under `core.*`), [`ManifestError::NotCoreNamespace`],
-    /// [`ManifestError::DuplicateCapability`],
+    /// [`ManifestError::ParamsTooLong`],
     /// [`ManifestError::CapabilityWithoutHandler`],
     /// [`ManifestError::InvalidVerb`], [`ManifestError::VerbInWrongCapability`],
     /// [`ManifestError::DuplicateVerb`], [`ManifestError::MissingAuthClass`],
     /// [`ManifestError::NotificationWithResult`],
-    /// [`ManifestError::MissingHandler`] or [`ManifestError::FieldTooLong`].
+    /// [`ManifestError::MissingHandler`], [`ManifestError::SchemaTooLong`]
+    /// or [`ManifestError::DuplicateCapability`]; then
+    /// [`ManifestError::TooManyCapabilities`],
+    /// [`ManifestError::TooManyVerbs`] or
+    /// [`ManifestError::ManifestTooLarge`].
     pub fn build(self) -> Result<Registry<H>, ManifestError> {
         let Self {
             info,
@@ -390,25 +393,25 @@ impl<H> RegistryBuilder<H> {
             cap_index.insert(Box::from(entry.id.as_str()), caps.len());
             caps.push(entry);
         }
-        Ok(Registry {
+        let registry = Registry {
             info,
             caps: caps.into_boxed_slice(),
             routes: routes.into_boxed_slice(),
             cap_index,
             route_index,
-        })
+        };
+        // The longest status and epoch give the longest encoding.
+        let manifest = registry.manifest(MonitoringStatus::Pending, u64::MAX);
+        manifest.validate()?;
+        let len = encoded_len(&manifest)?;
+        if len > MAX_MANIFEST_LEN {
+            return Err(ManifestError::ManifestTooLarge {
+                len,
+                max: MAX_MANIFEST_LEN,
+            });
+        }
+        Ok(registry)
     }
-}
-
-fn check_len(field: &'static str, value: &str, max: usize) -> Result<(), ManifestError> {
-    if value.len() > max {
-        return Err(ManifestError::FieldTooLong {
-            field,
-            len: value.len(),
-            max,
-        });
-    }
-    Ok(())
 }
 
 fn check_capability<H>(
@@ -425,7 +428,7 @@ fn check_capability<H>(
         _ => {}
     }
     if let Some(params) = &cap.params {
-        check_len("params", params, MAX_PARAMS_LEN)?;
+        check_params(&id, params)?;
     }
     if cap.verbs.is_empty() {
         return Err(ManifestError::CapabilityWithoutHandler { cap: id });
@@ -491,7 +494,7 @@ fn check_verb<H>(cap: &CapId, spec: VerbSpec<H>) -> Result<Route<H>, ManifestErr
         ("result_schema", &spec.result_schema),
     ] {
         if let Some(schema) = schema {
-            check_len(field, schema, MAX_SCHEMA_LEN)?;
+            check_schema(cap, &verb, field, schema)?;
         }
     }
     Ok(Route {

@@ -34,12 +34,73 @@ pub trait VerbDef: 'static {
     type Output: Serialize + DeserializeOwned + JsonSchema + Send + 'static;
 }
 
+/// A [`VerbDef`] that is a request: sent with a request id and answered by
+/// exactly one response.
+///
+/// [`verb!`](crate::verb) implements it for every `request` verb; the
+/// runtime bounds `peer.request::<V>` with it, so that sending a
+/// notification as a request does not compile. A hand-written `VerbDef`
+/// implements it only if its [`KIND`](VerbDef::KIND) is
+/// [`VerbKind::Request`].
+///
+/// ```
+/// use capwire_manifest::{RequestVerb, verb};
+/// verb! { pub struct Say: request "app.echo" / "say", Bootstrap, String => String; }
+/// fn request<V: RequestVerb>(_: V, _: V::Args) {}
+/// request(Say, "hello".to_owned());
+/// ```
+///
+/// A notification is refused at compile time:
+///
+/// ```compile_fail,E0277
+/// use capwire_manifest::{RequestVerb, verb};
+/// verb! { pub struct Log: notification "app.echo" / "log", Bootstrap, String; }
+/// fn request<V: RequestVerb>(_: V, _: V::Args) {}
+/// request(Log, "a line".to_owned());
+/// ```
+pub trait RequestVerb: VerbDef {}
+
+/// A [`VerbDef`] that is a notification: sent with an empty request id,
+/// never answered, and with no result (`Output = ()`).
+///
+/// [`verb!`](crate::verb) implements it for every `notification` verb; the
+/// runtime bounds `peer.notify::<V>` with it, so that firing a request and
+/// forgetting its answer does not compile. A hand-written `VerbDef`
+/// implements it only if its [`KIND`](VerbDef::KIND) is
+/// [`VerbKind::Notification`].
+///
+/// ```
+/// use capwire_manifest::{NotificationVerb, verb};
+/// verb! { pub struct Log: notification "app.echo" / "log", Bootstrap, String; }
+/// fn notify<V: NotificationVerb>(_: V, _: V::Args) {}
+/// notify(Log, "a line".to_owned());
+/// ```
+///
+/// A request is refused at compile time, even one whose result is `()`:
+///
+/// ```compile_fail,E0277
+/// use capwire_manifest::{NotificationVerb, verb};
+/// verb! { pub struct Reset: request "app.echo" / "reset", Controller, () => (); }
+/// fn notify<V: NotificationVerb>(_: V, _: V::Args) {}
+/// notify(Reset, ());
+/// ```
+///
+/// So is `core.monitoring/bind`:
+///
+/// ```compile_fail,E0277
+/// use capwire_manifest::{MonitoringBind, NotificationVerb};
+/// fn notify<V: NotificationVerb>(_: V) {}
+/// notify(MonitoringBind);
+/// ```
+pub trait NotificationVerb: VerbDef<Output = ()> {}
+
 /// `true` when `V` declares a result, i.e. its output type is not `()`.
 pub(crate) fn declares_result<V: VerbDef>() -> bool {
     TypeId::of::<V::Output>() != TypeId::of::<()>()
 }
 
-/// Declares a unit struct implementing [`VerbDef`].
+/// Declares a unit struct implementing [`VerbDef`], and [`RequestVerb`] or
+/// [`NotificationVerb`] according to its kind.
 ///
 /// ```
 /// use capwire_manifest::{VerbDef, VerbKind, DeclaredClass, verb};
@@ -76,6 +137,7 @@ macro_rules! verb {
         $args:ty => $out:ty $(;)?
     ) => {
         $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Request, $class, $args, $out);
+        impl $crate::RequestVerb for $name {}
     };
     (
         $(#[$meta:meta])*
@@ -83,6 +145,7 @@ macro_rules! verb {
         $args:ty $(;)?
     ) => {
         $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Notification, $class, $args, ());
+        impl $crate::NotificationVerb for $name {}
     };
     (@def [$(#[$meta:meta])*] $vis:vis $name:ident, $cap:literal, $verb:literal, $kind:ident,
         $class:ident, $args:ty, $out:ty) => {

@@ -7,7 +7,8 @@ use capwire_envelope::{
 };
 use capwire_manifest::{
     BindArgs, BindReply, Capability, DeclaredClass, Manifest, MonitoringBind, MonitoringDisable,
-    MonitoringHandlers, MonitoringStatus, NoArgs, NodeInfo, Registry, VerbDef, VerbSpec, Version,
+    MonitoringHandlers, MonitoringStatus, NoArgs, NodeInfo, Registry, RequestVerb, VerbDef,
+    VerbKind, VerbSpec, Version,
 };
 
 fn manifest() -> Manifest {
@@ -198,6 +199,36 @@ fn the_bind_reply_round_trips() {
         from_slice::<BindArgs>(&to_vec(&NoArgs {}).unwrap()).is_err(),
         "code is required"
     );
+}
+
+#[test]
+fn bind_args_debug_does_not_show_the_code() {
+    let args = BindArgs {
+        code: "K7M2Q9XW4P".into(),
+    };
+    for shown in [
+        format!("{args:?}"),
+        format!("{args:#?}"),
+        format!("{:?}", Some(args.clone())),
+    ] {
+        assert!(!shown.contains("K7M2Q9XW4P"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+    assert_eq!(format!("{args:?}"), "BindArgs { code: <redacted> }");
+    // The code itself still travels.
+    assert_eq!(
+        from_slice::<BindArgs>(&to_vec(&args).unwrap()).unwrap(),
+        args
+    );
+}
+
+#[test]
+fn monitoring_verbs_are_requests() {
+    fn request<V: RequestVerb>() -> VerbKind {
+        V::KIND
+    }
+    assert_eq!(request::<MonitoringBind>(), VerbKind::Request);
+    assert_eq!(request::<MonitoringDisable>(), VerbKind::Request);
 }
 
 #[test]

@@ -4,7 +4,8 @@
 
 use capwire_envelope::NodeId;
 use capwire_manifest::{
-    AuthClass, CORE_MONITORING, Capability, DeclaredClass, MAX_DESCRIPTION_LEN, ManifestError,
+    AuthClass, CORE_MONITORING, Capability, DeclaredClass, MAX_CAPABILITIES, MAX_DESCRIPTION_LEN,
+    MAX_MANIFEST_LEN, MAX_PARAMS_LEN, MAX_SCHEMA_LEN, MAX_VERBS, Manifest, ManifestError,
     MonitoringHandlers, MonitoringStatus, NodeInfo, Registry, RegistryBuilder, VerbDef, VerbKind,
     VerbSpec, Version, verb,
 };
@@ -224,6 +225,98 @@ fn refuses_oversized_fields() {
             ..
         }
     ));
+}
+
+#[test]
+fn refuses_oversized_params_and_schemas() {
+    let err = build_err(
+        builder().capability(
+            echo()
+                .params("p".repeat(MAX_PARAMS_LEN + 1))
+                .verb::<Say>("say"),
+        ),
+    );
+    assert!(
+        matches!(&err, ManifestError::ParamsTooLong { cap, len: 4097, .. } if cap.as_str() == "app.echo"),
+        "{err}"
+    );
+
+    let schema = serde_json::json!({ "description": "s".repeat(MAX_SCHEMA_LEN) });
+    let spec = untyped("say").args_schema(&schema);
+    let err = build_err(builder().capability(echo().verb_spec(spec)));
+    assert!(
+        matches!(&err, ManifestError::SchemaTooLong { verb, field: "args_schema", .. } if verb.as_str() == "say"),
+        "{err}"
+    );
+}
+
+#[test]
+fn refuses_more_than_128_capabilities() {
+    let with_apps = |n: usize| {
+        let mut b = builder();
+        for i in 0..n {
+            b = b.capability(
+                Capability::new(format!("app.c{i}"), Version::new(1, 0, 0)).verb_spec(untyped("v")),
+            );
+        }
+        b
+    };
+    // core.monitoring is one of the 128.
+    let registry = with_apps(MAX_CAPABILITIES - 1).build().unwrap();
+    assert_eq!(registry.len(), MAX_CAPABILITIES + 1);
+    let err = build_err(with_apps(MAX_CAPABILITIES));
+    assert_eq!(
+        err,
+        ManifestError::TooManyCapabilities {
+            count: 129,
+            max: 128
+        }
+    );
+}
+
+#[test]
+fn refuses_more_than_128_verbs_in_a_capability() {
+    let with_verbs = |n: usize| {
+        let mut cap = echo();
+        for i in 0..n {
+            cap = cap.verb_spec(untyped(&format!("v{i}")));
+        }
+        builder().capability(cap)
+    };
+    with_verbs(MAX_VERBS).build().unwrap();
+    let err = build_err(with_verbs(MAX_VERBS + 1));
+    assert!(
+        matches!(&err, ManifestError::TooManyVerbs { cap, count: 129, max: 128 } if cap.as_str() == "app.echo"),
+        "{err}"
+    );
+}
+
+#[test]
+fn refuses_a_manifest_over_1_mib() {
+    // Every field within its own bound, but 2 * 16 KiB of schemas per verb.
+    let schema = serde_json::json!({ "description": "s".repeat(MAX_SCHEMA_LEN - 20) });
+    let with_verbs = |n: usize| {
+        let mut cap = echo();
+        for i in 0..n {
+            cap = cap.verb_spec(
+                untyped(&format!("v{i}"))
+                    .args_schema(&schema)
+                    .result_schema(&schema),
+            );
+        }
+        builder().capability(cap)
+    };
+    let fits = with_verbs(30).build().unwrap();
+    let bytes =
+        capwire_envelope::to_vec(&fits.manifest(MonitoringStatus::Pending, u64::MAX)).unwrap();
+    assert!(bytes.len() <= MAX_MANIFEST_LEN);
+    Manifest::decode_checked(&bytes).unwrap();
+
+    let err = build_err(with_verbs(33));
+    assert!(
+        matches!(err, ManifestError::ManifestTooLarge { len, max: MAX_MANIFEST_LEN } if len > MAX_MANIFEST_LEN),
+        "{err}"
+    );
 }
 
 #[test]

@@ -52,6 +52,14 @@ verb! {
     pub struct Hold: request "app.echo" / "hold", Bootstrap, u64 => u64;
 }
 verb! {
+    /// A notification that waits like `Hold` (same counters and release).
+    pub struct Wait: notification "app.echo" / "wait", Bootstrap, u64;
+}
+verb! {
+    /// A notification whose handler fails ("refuse") or panics ("boom").
+    pub struct Fail: notification "app.echo" / "fail", Bootstrap, String;
+}
+verb! {
     /// Returns a text of this many bytes.
     pub struct Repeat: request "app.echo" / "repeat", Bootstrap, u32 => String;
 }
@@ -172,6 +180,14 @@ async fn hold(tag: u64, meta: Meta, State(c): State<Shared>) -> Result<u64, Hand
     Ok(tag)
 }
 
+async fn wait(tag: u64, meta: Meta, State(c): State<Shared>) -> Result<(), HandlerError> {
+    hold(tag, meta, State(c)).await.map(|_| ())
+}
+
+async fn fail(text: String, State(c): State<Shared>) -> Result<(), HandlerError> {
+    boom(text, State(c)).await.map(|_| ())
+}
+
 async fn repeat(len: u32) -> Result<String, HandlerError> {
     Ok("x".repeat(len as usize))
 }
@@ -191,6 +207,8 @@ pub fn echo_cap() -> Capability {
         .handle(Admin, admin)
         .handle(Boom, boom)
         .handle(Hold, hold)
+        .handle(Wait, wait)
+        .handle(Fail, fail)
         .handle(Delay, delay)
         .handle(Repeat, repeat)
 }

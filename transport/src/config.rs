@@ -24,12 +24,23 @@ pub struct TransportConfig {
     /// Deadline for the whole handshake, from the first byte written or
     /// expected to the last. Default 10 s.
     pub handshake_timeout: Duration,
+    /// Deadline for the responder to receive all of handshake message 1,
+    /// counted from the start of the handshake; a silent or dribbling
+    /// socket is dropped after it with [`TransportError::HandshakeTimeout`].
+    /// Must be positive and at most `handshake_timeout`. Default 3 s.
+    pub first_message_timeout: Duration,
     /// A session that receives no complete message for this long ends with
     /// [`TransportError::IdleTimeout`]. Default 60 s.
     pub idle_timeout: Duration,
     /// When nothing has been sent for this long, a keepalive message is
     /// sent. Must be shorter than `idle_timeout`. Default 15 s.
     pub keepalive_interval: Duration,
+    /// A connection whose stream accepts none of the bytes it is writing
+    /// (records, keepalives, flush, the close record) for this long ends
+    /// with [`TransportError::WriteTimeout`]; it also bounds
+    /// [`RecordSender::close`](crate::RecordSender::close). Must be positive.
+    /// Default 30 s.
+    pub write_timeout: Duration,
     /// Most inbound handshakes in progress at once per endpoint; `accept`
     /// fails fast beyond it. Default 64.
     pub max_concurrent_handshakes: usize,
@@ -54,8 +65,10 @@ impl Default for TransportConfig {
         Self {
             max_record_size: 16 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
+            first_message_timeout: Duration::from_secs(3),
             idle_timeout: Duration::from_secs(60),
             keepalive_interval: Duration::from_secs(15),
+            write_timeout: Duration::from_secs(30),
             max_concurrent_handshakes: 64,
             rekey_after_messages: None,
             send_queue_depth: 1024,
@@ -74,6 +87,12 @@ impl TransportConfig {
     pub fn validate(&self) -> Result<(), TransportError> {
         let problem = if self.handshake_timeout.is_zero() {
             "handshake_timeout must be positive"
+        } else if self.first_message_timeout.is_zero()
+            || self.first_message_timeout > self.handshake_timeout
+        {
+            "first_message_timeout must be positive and at most handshake_timeout"
+        } else if self.write_timeout.is_zero() {
+            "write_timeout must be positive"
         } else if self.idle_timeout.is_zero() {
             "idle_timeout must be positive"
         } else if self.keepalive_interval.is_zero() || self.keepalive_interval >= self.idle_timeout
@@ -114,5 +133,37 @@ mod tests {
             ..TransportConfig::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn deadlines_must_be_positive_and_ordered() {
+        let bad = [
+            TransportConfig {
+                first_message_timeout: Duration::ZERO,
+                ..TransportConfig::default()
+            },
+            TransportConfig {
+                first_message_timeout: Duration::from_secs(11),
+                ..TransportConfig::default()
+            },
+            TransportConfig {
+                write_timeout: Duration::ZERO,
+                ..TransportConfig::default()
+            },
+        ];
+        for c in bad {
+            assert!(matches!(
+                c.validate(),
+                Err(TransportError::InvalidConfig(_))
+            ));
+        }
+        let edge = TransportConfig {
+            first_message_timeout: Duration::from_secs(10),
+            ..TransportConfig::default()
+        };
+        assert!(
+            edge.validate().is_ok(),
+            "equal to handshake_timeout is fine"
+        );
     }
 }

@@ -3,7 +3,8 @@
 //! ```text
 //!  RecordSender::send ─► bounded queue ─► writer task: pack records into
 //!  (cloneable)                             Noise messages, seal, write;
-//!                                          keepalive when idle
+//!                                          keepalive when idle; write
+//!                                          deadline
 //!  RecordReceiver::recv ◄─ bounded queue ◄─ reader task: read, open,
 //!                                          reassemble; idle deadline
 //! ```
@@ -23,21 +24,22 @@ use tracing::debug;
 
 use crate::config::TransportConfig;
 use crate::error::TransportError;
-use crate::record::{CloseCode, CloseReason, RecordDecoder, RecordEncoder};
-use crate::session::TransportSession;
+use crate::record::{CloseCode, CloseReason, LENGTH_PREFIX_LEN, RecordDecoder, RecordEncoder};
 
 /// Most commands the writer takes from its queue in one go.
 const BATCH: usize = 1024;
-/// The writer writes once this much is packed, even if more is queued.
-const FLUSH_BYTES: usize = 64 * 1024;
-/// Size of a fresh read buffer: room for a whole Noise message with its
-/// prefix, plus more, while staying below the size at which allocators
-/// typically hand out fresh (page-faulting) memory maps.
-const READ_BUFFER: usize = 96 * 1024;
-/// The reader makes room when less than this is free before a read.
-const READ_LOW_WATER: usize = 16 * 1024;
+/// The writer writes once this much is packed, even if more is queued. Large
+/// enough that a stream of 64 KiB records fills whole Noise messages.
+const FLUSH_BYTES: usize = 256 * 1024;
+/// Light traffic is read through a buffer of this size inside the reader
+/// task: while it waits for such traffic, a connection holds no heap read
+/// buffer.
+const SMALL_READ: usize = 1024;
+/// Largest read a busy connection asks for: reached by doubling while reads
+/// fill the room they are given, halved again when they do not.
+const MAX_READ: usize = 256 * 1024;
 /// How long a shutting-down endpoint tries to deliver its close record.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// After a local close, how long the reader keeps reading (and discarding)
 /// so that the peer's last writes do not reset the stream before it has
 /// read our close record.
@@ -69,6 +71,7 @@ struct Shared {
     remote: NodeId,
     handshake_hash: [u8; 32],
     max_record_size: usize,
+    write_timeout: Duration,
     /// This connection.
     cancel: CancellationToken,
     /// The endpoint's (parent of `cancel`).
@@ -154,12 +157,19 @@ pub struct RecordReceiver {
     _hold: mpsc::Sender<Command>,
 }
 
+/// What a finished handshake hands to [`Connection::start`].
+pub(crate) struct Parts {
+    pub(crate) remote: NodeId,
+    pub(crate) handshake_hash: [u8; 32],
+    pub(crate) encoder: RecordEncoder,
+    pub(crate) decoder: RecordDecoder,
+    pub(crate) leftover: BytesMut,
+}
+
 impl Connection {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start<S>(
         stream: S,
-        session: TransportSession,
-        leftover: BytesMut,
+        parts: Parts,
         config: &TransportConfig,
         shutdown: &CancellationToken,
         tracker: &TaskTracker,
@@ -167,27 +177,24 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let Parts {
+            remote,
+            handshake_hash,
+            encoder,
+            decoder,
+            leftover,
+        } = parts;
         let shared = Arc::new(Shared {
-            remote: session.remote(),
-            handshake_hash: session.handshake_hash(),
+            remote,
+            handshake_hash,
             max_record_size: config.max_record_size,
+            write_timeout: config.write_timeout,
             cancel: shutdown.child_token(),
             shutdown: shutdown.clone(),
             end: OnceLock::new(),
             closing: AtomicBool::new(false),
             ended: AtomicBool::new(false),
         });
-        let (sealer, opener) = session.split();
-        #[allow(unused_mut)]
-        let mut encoder =
-            RecordEncoder::new(sealer, config.max_record_size, config.rekey_after_messages);
-        #[allow(unused_mut)]
-        let mut decoder = RecordDecoder::new(opener, config.max_record_size);
-        #[cfg(feature = "test-hooks")]
-        {
-            encoder.advance_nonce_for_testing(config.start_nonce_for_testing);
-            decoder.advance_nonce_for_testing(config.start_nonce_for_testing);
-        }
         let (tx, rx) = mpsc::channel(config.send_queue_depth);
         let (in_tx, in_rx) = mpsc::channel(config.recv_queue_depth);
         let (read_half, write_half) = tokio::io::split(stream);
@@ -336,24 +343,39 @@ impl RecordSender {
 
     /// Sends a close record after every record already queued, then ends
     /// the connection. The reason (at most 255 bytes are sent) is for
-    /// people. Returns once the close record has been written. Closing an
-    /// ended connection does nothing.
+    /// people. Returns once the close record has been written, and in any
+    /// case within the configured `write_timeout` of the call: if the
+    /// queued records and the close record could not all be written by
+    /// then (a peer that reads too slowly, or not at all), the connection
+    /// is ended without them and this reports
+    /// [`TransportError::WriteTimeout`]. Closing an ended connection does
+    /// nothing.
     ///
     /// # Errors
     /// The error that ended the connection before the close record could be
-    /// written.
+    /// written; [`TransportError::WriteTimeout`] as above.
     ///
     /// # Cancel safety
     /// Dropping the future after the close was queued does not stop the
-    /// close.
+    /// close, but then nothing enforces the bound above beyond the write
+    /// deadline itself.
     pub async fn close(&self, reason: &str) -> Result<(), TransportError> {
+        let deadline = Instant::now() + self.shared.write_timeout;
         if !self.shared.is_ended() {
-            let _ = self
-                .tx
-                .send(Command::Close(CloseCode::Normal, reason.to_owned()))
-                .await;
+            tokio::select! {
+                biased;
+                () = self.shared.cancel.cancelled() => {}
+                _ = self.tx.send(Command::Close(CloseCode::Normal, reason.to_owned())) => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
         }
-        self.shared.cancel.cancelled().await;
+        tokio::select! {
+            biased;
+            () = self.shared.cancel.cancelled() => {}
+            () = tokio::time::sleep_until(deadline) => {
+                self.shared.finish(End::Failed(TransportError::WriteTimeout));
+            }
+        }
         match self.shared.end.get() {
             Some(End::Failed(e)) => Err(e.duplicate()),
             _ => Ok(()),
@@ -436,24 +458,57 @@ impl std::fmt::Debug for RecordReceiver {
     }
 }
 
+/// Writes what the encoder has sealed, then flushes.
 async fn write_wire<W: AsyncWrite + Unpin>(
     w: &mut W,
     enc: &mut RecordEncoder,
-    cancel: &CancellationToken,
+    shared: &Shared,
 ) -> Result<(), TransportError> {
     if enc.wire().is_empty() {
         return Ok(());
     }
-    tokio::select! {
-        biased;
-        () = cancel.cancelled() => return Err(TransportError::Closed),
-        r = w.write_all(enc.wire()) => r?,
-    }
+    write_timed(w, enc.wire(), shared).await?;
     enc.consume_wire();
+    flush_timed(w, shared).await
+}
+
+/// Writes all of `bytes`. Fails with [`TransportError::WriteTimeout`] when
+/// the stream takes nothing for `write_timeout`, and with
+/// [`TransportError::Closed`] when the connection is cancelled.
+async fn write_timed<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut bytes: &[u8],
+    shared: &Shared,
+) -> Result<(), TransportError> {
+    while !bytes.is_empty() {
+        // The timer is created per attempt (that is, from the last
+        // progress) but only registered if the write has to wait.
+        let n = tokio::select! {
+            biased;
+            () = shared.cancel.cancelled() => return Err(TransportError::Closed),
+            r = w.write(bytes) => r?,
+            () = tokio::time::sleep(shared.write_timeout) => {
+                return Err(TransportError::WriteTimeout);
+            }
+        };
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+        }
+        bytes = &bytes[n..];
+    }
+    Ok(())
+}
+
+/// Flushes under the same deadline and cancellation as [`write_timed`].
+async fn flush_timed<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    shared: &Shared,
+) -> Result<(), TransportError> {
     tokio::select! {
         biased;
-        () = cancel.cancelled() => Err(TransportError::Closed),
+        () = shared.cancel.cancelled() => Err(TransportError::Closed),
         r = w.flush() => Ok(r?),
+        () = tokio::time::sleep(shared.write_timeout) => Err(TransportError::WriteTimeout),
     }
 }
 
@@ -526,7 +581,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 () = &mut idle => {
                     if last_write.elapsed() >= keepalive {
                         enc.keepalive()?;
-                        write_wire(w, enc, &shared.cancel).await?;
+                        write_wire(w, enc, shared).await?;
+                        // Idle: keep no output buffer until the next record.
+                        enc.release_buffer();
                         last_write = Instant::now();
                     }
                     idle.as_mut().reset(last_write + keepalive);
@@ -560,14 +617,14 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             Some((code, reason)) => {
                 shared.closing.store(true, Ordering::Release);
                 enc.close(code, &reason)?;
-                write_wire(w, enc, &shared.cancel).await?;
-                let _ = w.shutdown().await;
+                write_wire(w, enc, shared).await?;
+                let _ = tokio::time::timeout(shared.write_timeout, w.shutdown()).await;
                 shared.finish(End::Local);
                 return Ok(());
             }
             None => {
                 enc.flush()?;
-                write_wire(w, enc, &shared.cancel).await?;
+                write_wire(w, enc, shared).await?;
                 last_write = Instant::now();
             }
         }
@@ -599,31 +656,78 @@ async fn read_task<R: AsyncRead + Unpin>(
         Err(e) => shared.finish(End::Failed(e)),
     }
     drop(tx); // `recv` now sees the end, which is recorded.
+    drop(buf);
     if matches!(shared.end.get(), Some(End::Local)) {
-        linger(&mut r, buf).await;
+        linger(&mut r).await;
     }
 }
 
-/// Makes sure `buf` has room for a sizeable read. Records handed out
-/// share the buffer's memory; once they are all dropped the buffer is
-/// reused in place, otherwise a fresh one of a steady size is started and
-/// the unread bytes move into it.
-fn make_room(buf: &mut BytesMut) {
-    if buf.capacity() - buf.len() >= READ_LOW_WATER || buf.try_reclaim(READ_LOW_WATER) {
+/// How much the reader asks for: doubles (up to [`MAX_READ`]) while reads
+/// fill the room they are given, halves (down to [`SMALL_READ`]) when a
+/// read brings a quarter or less.
+struct ReadSize(usize);
+
+impl ReadSize {
+    fn update(&mut self, n: usize, room: usize) {
+        if n >= room {
+            self.0 = (self.0 * 2).min(MAX_READ);
+        } else if n <= self.0 / 4 {
+            self.0 = (self.0 / 2).max(SMALL_READ);
+        }
+    }
+
+    fn is_small(&self) -> bool {
+        self.0 <= SMALL_READ
+    }
+}
+
+/// Bytes still missing from the message at the front of `buf`, if its
+/// prefix is there and its body is not complete.
+fn missing(buf: &BytesMut) -> Option<usize> {
+    let len = u16::from_be_bytes([*buf.first()?, *buf.get(1)?]);
+    (LENGTH_PREFIX_LEN + usize::from(len)).checked_sub(buf.len())
+}
+
+/// Makes sure `buf` has room for a read of about `want` bytes. Records
+/// handed out share the buffer's memory; once they are all dropped the
+/// buffer is reused in place, otherwise a fresh one is started and the
+/// unread bytes move into it.
+fn make_room(buf: &mut BytesMut, want: usize) {
+    let free = buf.capacity() - buf.len();
+    if free >= want / 2 || missing(buf).is_some_and(|m| m > 0 && free >= m) {
         return;
     }
-    let mut fresh = BytesMut::with_capacity(READ_BUFFER.max(buf.len() + READ_LOW_WATER));
+    if buf.try_reclaim(want) {
+        return;
+    }
+    let mut fresh = BytesMut::with_capacity(buf.len() + want);
     fresh.extend_from_slice(buf);
     *buf = fresh;
 }
 
+/// Reads once: into the heap buffer, or (`light`) into `small` and then
+/// into a heap buffer of exactly the size read.
+async fn read_some<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+    small: &mut [u8; SMALL_READ],
+    light: bool,
+) -> std::io::Result<usize> {
+    if light {
+        let n = r.read(small).await?;
+        buf.extend_from_slice(&small[..n]);
+        Ok(n)
+    } else {
+        r.read_buf(buf).await
+    }
+}
+
 /// Reads and discards until the peer hangs up, for at most [`LINGER`].
-pub(crate) async fn linger<R: AsyncRead + Unpin>(r: &mut R, mut buf: BytesMut) {
+pub(crate) async fn linger<R: AsyncRead + Unpin>(r: &mut R) {
+    let mut sink = [0u8; SMALL_READ];
     let _ = tokio::time::timeout(LINGER, async {
         loop {
-            buf.clear();
-            buf.reserve(READ_LOW_WATER);
-            match r.read_buf(&mut buf).await {
+            match r.read(&mut sink).await {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             }
@@ -645,6 +749,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let deadline = tokio::time::sleep(idle);
     tokio::pin!(deadline);
     let mut batch = Vec::new();
+    let mut size = ReadSize(SMALL_READ);
+    let mut small = [0u8; SMALL_READ];
     loop {
         let decoded = dec.decode(buf, &mut batch);
         if !batch.is_empty() {
@@ -665,14 +771,26 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if let Some(close) = decoded.close {
             return Ok(Some(close));
         }
-        make_room(buf);
+        // Light traffic: wait without holding a heap buffer.
+        let light = buf.is_empty() && size.is_small();
+        let room = if light {
+            if buf.capacity() > 0 {
+                *buf = BytesMut::new();
+            }
+            SMALL_READ
+        } else {
+            make_room(buf, size.0);
+            buf.capacity() - buf.len()
+        };
         tokio::select! {
             biased;
             () = shared.cancel.cancelled() => return Ok(None),
-            n = r.read_buf(buf) => {
-                if n? == 0 {
+            n = read_some(r, buf, &mut small, light) => {
+                let n = n?;
+                if n == 0 {
                     return Err(TransportError::PeerLost);
                 }
+                size.update(n, room);
             }
             () = &mut deadline => {
                 if last_message.elapsed() >= idle {

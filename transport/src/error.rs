@@ -70,6 +70,16 @@ pub enum TransportError {
     /// The handshake did not finish within the configured deadline.
     #[error("handshake deadline passed")]
     HandshakeTimeout,
+    /// The responder answered message 1 with a zero-length message: it is at
+    /// capacity. The answer is not authenticated: it says nothing about who
+    /// the responder is, only that a later attempt may succeed.
+    #[error("the responder is at capacity; retry later")]
+    Busy,
+    /// The stream accepted none of the bytes being written for the
+    /// configured write timeout (the peer does not read); the session is
+    /// over.
+    #[error("the peer accepted no data within the write timeout")]
+    WriteTimeout,
     /// Nothing was received for the configured idle timeout.
     #[error("no message from the peer within the idle timeout")]
     IdleTimeout,
@@ -122,6 +132,8 @@ impl TransportError {
                 actual: *actual,
             },
             Self::HandshakeTimeout => Self::HandshakeTimeout,
+            Self::Busy => Self::Busy,
+            Self::WriteTimeout => Self::WriteTimeout,
             Self::IdleTimeout => Self::IdleTimeout,
             Self::NonceExhausted => Self::NonceExhausted,
             Self::Rng => Self::Rng,

@@ -38,7 +38,8 @@
 //!  Noise       ChaCha20-Poly1305, nonce = counter, tag = 16 bytes
 //!  records     chunks inside each plaintext: many small records per message,
 //!              large records split across messages, close, rekey
-//!  driver      writer task (coalesce, keepalive) + reader task (idle deadline)
+//!  driver      writer task (coalesce, keepalive, write deadline)
+//!              + reader task (idle deadline)
 //! ```
 //!
 //! The protocol core does no I/O: [`Initiator`] and [`Responder`] consume
@@ -46,6 +47,15 @@
 //! [`Sealer`] and [`Opener`] feed a [`RecordEncoder`] and a
 //! [`RecordDecoder`]. [`Endpoint`] drives them over tokio streams. The
 //! byte-level format is in the repository's `WIRE.md`, section 1.
+//!
+//! A caller that wants to drive a session itself (one task owning the
+//! stream, say) runs only the handshake with
+//! [`Endpoint::handshake_initiator`] or [`Endpoint::handshake_responder`],
+//! gets the stream back in an [`Established`], and turns its session into
+//! a record encoder and decoder with [`Endpoint::record_layer`]. It can
+//! write records straight into the encoder's buffer with
+//! [`RecordEncoder::begin_record`], and answer connections it has no room
+//! for with [`Endpoint::refuse_busy`].
 
 mod config;
 mod connection;
@@ -60,7 +70,7 @@ mod symmetric;
 
 pub use config::TransportConfig;
 pub use connection::{Connection, ConnectionEnd, RecordReceiver, RecordSender};
-pub use endpoint::Endpoint;
+pub use endpoint::{Endpoint, Established};
 pub use error::{TransportError, Violation};
 pub use handshake::{
     Initiator, InitiatorAwaitingReply, InitiatorReadyToFinish, MESSAGE_1_LEN, MESSAGE_2_LEN,
@@ -71,7 +81,7 @@ pub use keys::{EntropyError, EntropySource, Keypair, OsEntropy, canonical_node_i
 pub use policy::ContactPolicy;
 pub use record::{
     CHUNK_HEADER_LEN, CloseCode, CloseReason, Decoded, LENGTH_PREFIX_LEN, MAX_CLOSE_REASON_LEN,
-    RecordDecoder, RecordEncoder,
+    RecordDecoder, RecordEncoder, RecordWriter,
 };
 pub use session::{Opener, Sealer, TransportSession};
 

@@ -33,9 +33,58 @@ const REKEY: u8 = 0x05;
 
 /// Bytes of the total length at the start of a FIRST chunk's body.
 const TOTAL_LEN: usize = 4;
-/// A split record's buffer is allocated for its announced length up to this
-/// much; beyond, it grows as data actually arrives.
+/// A split record's buffer is allocated for its whole announced length at
+/// once up to this length; a longer one only once half of it has arrived.
 const PREALLOC_LIMIT: usize = 1 << 20;
+
+/// A split record being reassembled. Every byte is copied once, into a
+/// buffer of exactly the record's length: allocated on the FIRST chunk for
+/// records up to [`PREALLOC_LIMIT`], and for longer ones once half the
+/// record has arrived (so an announcement alone never makes us allocate
+/// much); until then the parts stay where they were decrypted.
+struct Partial {
+    record: Option<BytesMut>,
+    parts: Vec<Bytes>,
+    received: usize,
+    total: usize,
+}
+
+impl Partial {
+    fn new(total: usize) -> Self {
+        Self {
+            record: None,
+            parts: Vec::new(),
+            received: 0,
+            total,
+        }
+    }
+
+    /// Adds the next part; the caller has checked it fits in `total`.
+    fn push(&mut self, part: BytesMut) {
+        self.received += part.len();
+        if let Some(record) = &mut self.record {
+            record.extend_from_slice(&part);
+        } else if self.total <= PREALLOC_LIMIT.max(2 * self.received) {
+            let mut record = BytesMut::with_capacity(self.total);
+            for p in self.parts.drain(..) {
+                record.extend_from_slice(&p);
+            }
+            record.extend_from_slice(&part);
+            self.record = Some(record);
+        } else {
+            self.parts.push(part.freeze());
+        }
+    }
+
+    fn is_complete(&self) -> bool {
+        self.received == self.total
+    }
+
+    /// The finished record (once complete, it is always in `record`).
+    fn into_record(self) -> Bytes {
+        self.record.map(BytesMut::freeze).unwrap_or_default()
+    }
+}
 
 /// Room for chunks in one message; the last 3 bytes of the largest
 /// plaintext stay free for a REKEY chunk.
@@ -125,7 +174,7 @@ impl RecordEncoder {
     pub fn new(sealer: Sealer, max_record_size: usize, rekey_after_messages: Option<u64>) -> Self {
         Self {
             sealer,
-            buf: Vec::with_capacity(64 * 1024),
+            buf: Vec::new(),
             open: None,
             rekey_after: rekey_after_messages.filter(|&n| n > 0),
             since_rekey: 0,
@@ -169,18 +218,33 @@ impl RecordEncoder {
         self.buf.extend_from_slice(body);
     }
 
+    /// Whether the next sealed message must carry a REKEY chunk.
+    fn rekey_due(&self, allow_rekey: bool) -> bool {
+        allow_rekey && self.rekey_after.is_some_and(|n| self.since_rekey + 1 >= n)
+    }
+
     fn seal_open(&mut self, allow_rekey: bool) -> Result<(), TransportError> {
         let Some(start) = self.open.take() else {
             return Ok(());
         };
-        let rekey_now = allow_rekey && self.rekey_after.is_some_and(|n| self.since_rekey + 1 >= n);
+        let rekey_now = self.rekey_due(allow_rekey);
         if rekey_now {
             self.chunk(REKEY, &[]);
         }
+        let end = self.buf.len();
+        self.buf.resize(end + TAGLEN, 0);
+        self.seal_at(start, end, rekey_now)
+    }
+
+    /// Seals the message whose prefix is at `start` and whose plaintext
+    /// ends at `end`; the 16 bytes after `end` receive the tag.
+    fn seal_at(&mut self, start: usize, end: usize, rekey_now: bool) -> Result<(), TransportError> {
         let body = start + LENGTH_PREFIX_LEN;
-        let plain_len = self.buf.len() - body;
-        self.buf.resize(self.buf.len() + TAGLEN, 0);
-        let sealed = match self.sealer.seal_in_place(&mut self.buf[body..], plain_len) {
+        let plain_len = end - body;
+        let sealed = match self
+            .sealer
+            .seal_in_place(&mut self.buf[body..end + TAGLEN], plain_len)
+        {
             Ok(n) => n,
             Err(e) => {
                 self.buf.truncate(start);
@@ -198,6 +262,95 @@ impl RecordEncoder {
             self.since_rekey += 1;
         }
         Ok(())
+    }
+
+    /// Starts a record that the caller writes straight into the encoder's
+    /// buffer (with [`RecordWriter::extend_from_slice`] or
+    /// [`std::io::Write`]), saving the copy [`push_record`](Self::push_record)
+    /// makes. [`RecordWriter::finish`] then frames it exactly as
+    /// `push_record` would have: a record that fits in the open message
+    /// costs no copy at all; one that has to start a new message is moved
+    /// by a few bytes inside the buffer (one copy); one too large for a
+    /// single message (over 65516 bytes) is moved out and split, which
+    /// costs one copy more than `push_record`. Dropping the writer without
+    /// `finish` abandons the record.
+    ///
+    /// # Errors
+    /// [`TransportError::Closed`] after [`close`](Self::close);
+    /// [`TransportError::NonceExhausted`] after a failure to seal.
+    pub fn begin_record(&mut self) -> Result<RecordWriter<'_>, TransportError> {
+        self.check_usable()?;
+        let opened = self.open.is_none();
+        if opened {
+            self.begin();
+        }
+        let hole = self.buf.len();
+        self.buf.extend_from_slice(&[0; CHUNK_HEADER_LEN]);
+        Ok(RecordWriter {
+            enc: self,
+            hole,
+            opened,
+            done: false,
+        })
+    }
+
+    /// Frames the record written after the header hole at `hole`.
+    fn finish_record(&mut self, hole: usize) -> Result<(), TransportError> {
+        let data = hole + CHUNK_HEADER_LEN;
+        let len = self.buf.len() - data;
+        if len > self.max_record_size {
+            return Err(TransportError::RecordTooLarge {
+                len,
+                max: self.max_record_size,
+            });
+        }
+        let Some(start) = self.open else {
+            return Err(TransportError::Closed);
+        };
+        let room = CHUNK_ROOM - (hole - start - LENGTH_PREFIX_LEN);
+        if len + CHUNK_HEADER_LEN <= room {
+            // Fits where it is.
+            self.write_header(hole, RECORD, len);
+            return Ok(());
+        }
+        if len + CHUNK_HEADER_LEN <= CHUNK_ROOM {
+            // Seal the open message before the record and start a new one:
+            // the record moves by the tag, a prefix and maybe a REKEY chunk.
+            let rekey_now = self.rekey_due(true);
+            let rekey_len = if rekey_now { CHUNK_HEADER_LEN } else { 0 };
+            let shift = rekey_len + TAGLEN + LENGTH_PREFIX_LEN;
+            let end = self.buf.len();
+            self.buf.resize(end + shift, 0);
+            self.buf.copy_within(data..end, data + shift);
+            if rekey_now {
+                self.write_header(hole, REKEY, 0);
+            }
+            self.open = None;
+            self.seal_at(start, hole + rekey_len, rekey_now)?;
+            let next = hole + rekey_len + TAGLEN;
+            self.open = Some(next);
+            self.buf[next..next + LENGTH_PREFIX_LEN].fill(0);
+            self.write_header(next + LENGTH_PREFIX_LEN, RECORD, len);
+            return Ok(());
+        }
+        // Too large for one message: split as push_record does.
+        let record = self.buf.split_off(data);
+        self.buf.truncate(hole);
+        self.push_record(&record)
+    }
+
+    /// Drops a record being written (and the message begun for it).
+    fn abandon_record(&mut self, hole: usize, opened: bool) {
+        self.buf.truncate(hole);
+        if opened && let Some(start) = self.open.take() {
+            self.buf.truncate(start);
+        }
+    }
+
+    fn write_header(&mut self, at: usize, kind: u8, body_len: usize) {
+        // Callers guarantee body_len <= CHUNK_ROOM < 65536.
+        let len = (body_len as u16).to_be_bytes();
+        self.buf[at..at + CHUNK_HEADER_LEN].copy_from_slice(&[kind, len[0], len[1]]);
     }
 
     /// Adds one record. It joins the open message if it fits there; a record
@@ -320,6 +473,22 @@ impl RecordEncoder {
         }
     }
 
+    /// Frees the output buffer if it holds nothing (no sealed bytes waiting
+    /// and no open message), so that an idle session keeps no buffer. The
+    /// buffer is allocated again, on demand, by the next record. Call it
+    /// when the session goes quiet; calling it while busy only costs
+    /// reallocations.
+    pub fn release_buffer(&mut self) {
+        if self.buf.is_empty() && self.open.is_none() {
+            self.buf = Vec::new();
+        }
+    }
+
+    /// Bytes of heap the output buffer holds (its capacity).
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// How many Noise messages have been sealed so far.
     pub fn messages_sealed(&self) -> u64 {
         self.messages
@@ -345,6 +514,101 @@ impl std::fmt::Debug for RecordEncoder {
     }
 }
 
+/// A record being written in place into a [`RecordEncoder`]'s buffer; see
+/// [`RecordEncoder::begin_record`].
+///
+/// ```
+/// # use capwire_transport::*;
+/// # fn demo(encoder: &mut RecordEncoder) -> Result<(), TransportError> {
+/// use std::io::Write;
+/// let mut record = encoder.begin_record()?;
+/// record.extend_from_slice(b"hello, ");
+/// write!(record, "{}", "world").expect("writing to memory");
+/// record.finish()?;
+/// encoder.flush()?;
+/// # Ok(()) }
+/// ```
+pub struct RecordWriter<'a> {
+    enc: &'a mut RecordEncoder,
+    /// Where the chunk header goes; the record follows it.
+    hole: usize,
+    /// Whether `begin_record` began the open message.
+    opened: bool,
+    done: bool,
+}
+
+impl RecordWriter<'_> {
+    /// Appends bytes to the record.
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.enc.buf.extend_from_slice(bytes);
+    }
+
+    /// The record written so far, to read or patch in place.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let data = self.hole + CHUNK_HEADER_LEN;
+        &mut self.enc.buf[data..]
+    }
+
+    /// Length of the record written so far.
+    pub fn len(&self) -> usize {
+        self.enc.buf.len() - self.hole - CHUNK_HEADER_LEN
+    }
+
+    /// Whether nothing has been written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Ends the record and frames it (see
+    /// [`RecordEncoder::begin_record`]).
+    ///
+    /// # Errors
+    /// [`TransportError::RecordTooLarge`] over the maximum record size (the
+    /// record is then dropped and the encoder stays usable);
+    /// [`TransportError::NonceExhausted`] when a full message could not be
+    /// sealed.
+    pub fn finish(mut self) -> Result<(), TransportError> {
+        let result = self.enc.finish_record(self.hole);
+        if matches!(result, Err(TransportError::RecordTooLarge { .. })) {
+            return result; // `drop` abandons the record.
+        }
+        self.done = true;
+        result
+    }
+}
+
+impl std::io::Write for RecordWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.extend_from_slice(buf);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for RecordWriter<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.enc.abandon_record(self.hole, self.opened);
+        }
+    }
+}
+
+impl std::fmt::Debug for RecordWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordWriter")
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// What one call to [`RecordDecoder::decode`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Decoded {
@@ -359,8 +623,8 @@ pub struct Decoded {
 /// records, and stops at the close record. Any error is final.
 pub struct RecordDecoder {
     opener: Opener,
-    /// A split record being reassembled, and its announced length.
-    partial: Option<(BytesMut, usize)>,
+    /// A split record being reassembled.
+    partial: Option<Partial>,
     max_record_size: usize,
     close: Option<CloseReason>,
     failed: Option<Violation>,
@@ -472,26 +736,27 @@ impl RecordDecoder {
                     if total > self.max_record_size {
                         return Err(Violation::RecordTooLarge);
                     }
-                    let first = &body[TOTAL_LEN..];
-                    if first.len() >= total {
+                    if len - TOTAL_LEN >= total {
                         return Err(Violation::Framing);
                     }
-                    let mut partial = BytesMut::with_capacity(total.min(PREALLOC_LIMIT));
-                    partial.extend_from_slice(first);
-                    self.partial = Some((partial, total));
+                    let mut first = body;
+                    first.advance(TOTAL_LEN);
+                    let mut partial = Partial::new(total);
+                    partial.push(first);
+                    self.partial = Some(partial);
                 }
                 NEXT => {
-                    let Some((partial, total)) = &mut self.partial else {
+                    let Some(partial) = &mut self.partial else {
                         return Err(Violation::Framing);
                     };
-                    if len == 0 || partial.len() + len > *total {
+                    if len == 0 || partial.received + len > partial.total {
                         return Err(Violation::Framing);
                     }
-                    partial.extend_from_slice(&body);
-                    if partial.len() == *total
-                        && let Some((record, _)) = self.partial.take()
+                    partial.push(body);
+                    if partial.is_complete()
+                        && let Some(partial) = self.partial.take()
                     {
-                        out.push(record.freeze());
+                        out.push(partial.into_record());
                     }
                 }
                 CLOSE => {
@@ -713,6 +978,129 @@ mod tests {
             ));
             assert!(out.is_empty());
         }
+    }
+
+    /// Encodes `records` with `push_record` or with `begin_record`, both
+    /// through the same chunking, and returns the message lengths and what
+    /// a decoder makes of them.
+    fn encode_both_ways(records: &[Vec<u8>], rekey: Option<u64>) -> [(Vec<usize>, Vec<Bytes>); 2] {
+        [false, true].map(|in_place| {
+            let (mut enc, mut dec) = codec(1 << 22, rekey);
+            for r in records {
+                if in_place {
+                    let mut w = enc.begin_record().unwrap();
+                    // Written in two pieces, as a serializer would.
+                    let (a, b) = r.split_at(r.len() / 3);
+                    w.extend_from_slice(a);
+                    std::io::Write::write_all(&mut w, b).unwrap();
+                    assert_eq!(w.len(), r.len());
+                    w.finish().unwrap();
+                } else {
+                    enc.push_record(r).unwrap();
+                }
+            }
+            enc.flush().unwrap();
+            let lens = message_lengths(enc.wire());
+            let mut buf = BytesMut::from(enc.wire());
+            let mut out = Vec::new();
+            dec.decode(&mut buf, &mut out).unwrap();
+            (lens, out)
+        })
+    }
+
+    #[test]
+    fn records_written_in_place_are_framed_like_pushed_ones() {
+        let sizes = [
+            0usize, 1, 100, 30_000, 40_000, 65_513, 65_516, 65_517, 70_000, 200_000, 5,
+        ];
+        let records: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+            .collect();
+        for rekey in [None, Some(1), Some(2)] {
+            let [(pushed_lens, pushed), (written_lens, written)] =
+                encode_both_ways(&records, rekey);
+            assert_eq!(pushed_lens, written_lens, "rekey {rekey:?}");
+            assert_eq!(pushed, written);
+            assert_eq!(written.len(), records.len());
+            for (got, want) in written.iter().zip(&records) {
+                assert_eq!(&got[..], &want[..]);
+            }
+        }
+    }
+
+    #[test]
+    fn an_abandoned_or_oversize_record_leaves_nothing_behind() {
+        let (mut enc, mut dec) = codec(100, None);
+        let mut w = enc.begin_record().unwrap();
+        w.extend_from_slice(b"never mind");
+        drop(w);
+        enc.flush().unwrap();
+        assert!(enc.wire().is_empty(), "no message, not even a keepalive");
+        let mut w = enc.begin_record().unwrap();
+        w.extend_from_slice(&[0; 101]);
+        assert!(matches!(
+            w.finish(),
+            Err(TransportError::RecordTooLarge { len: 101, max: 100 })
+        ));
+        enc.push_record(b"kept").unwrap();
+        let mut w = enc.begin_record().unwrap();
+        w.extend_from_slice(b"patch me");
+        w.as_mut_slice()[0] = b'P';
+        w.finish().unwrap();
+        enc.flush().unwrap();
+        assert_eq!(message_lengths(enc.wire()), vec![3 + 4 + 3 + 8 + 16]);
+        let mut buf = BytesMut::from(enc.wire());
+        let mut out = Vec::new();
+        dec.decode(&mut buf, &mut out).unwrap();
+        assert_eq!(out, [&b"kept"[..], &b"Patch me"[..]]);
+    }
+
+    #[test]
+    fn the_output_buffer_is_allocated_on_demand_and_released_when_idle() {
+        let (mut enc, _) = codec(1 << 20, None);
+        assert_eq!(enc.buffer_capacity(), 0, "nothing up front");
+        enc.push_record(&[1; 1000]).unwrap();
+        assert!(enc.buffer_capacity() >= 1000);
+        enc.release_buffer();
+        assert!(enc.buffer_capacity() > 0, "kept while a message is open");
+        enc.flush().unwrap();
+        enc.release_buffer();
+        assert!(
+            enc.buffer_capacity() > 0,
+            "kept while bytes wait to be written"
+        );
+        enc.consume_wire();
+        enc.release_buffer();
+        assert_eq!(enc.buffer_capacity(), 0);
+        enc.keepalive().unwrap();
+        assert_eq!(message_lengths(enc.wire()), vec![16]);
+    }
+
+    #[test]
+    fn records_over_a_mebibyte_are_reassembled_exactly() {
+        let (mut enc, mut dec) = codec(8 << 20, None);
+        let record: Vec<u8> = (0..(3 << 20) + 7).map(|i: u32| (i % 249) as u8).collect();
+        enc.push_record(&record).unwrap();
+        enc.push_record(b"after").unwrap();
+        enc.flush().unwrap();
+        let wire = enc.wire().to_vec();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut messages = 0;
+        for piece in wire.chunks(10_000) {
+            buf.extend_from_slice(piece);
+            messages += dec.decode(&mut buf, &mut out).unwrap().messages;
+            if out.is_empty() && messages > 0 {
+                assert!(dec.has_partial_record());
+            }
+        }
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].len(), record.len());
+        assert!(out[0] == record[..]);
+        assert_eq!(&out[1][..], b"after");
+        assert!(!dec.has_partial_record());
     }
 
     #[test]

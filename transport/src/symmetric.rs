@@ -4,13 +4,14 @@
 use blake2::{Blake2s256, Digest};
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::{ChaCha20Poly1305, KeyInit, Nonce, Tag};
-use hmac::{Mac, SimpleHmac};
 use zeroize::Zeroizing;
 
 use crate::error::{TransportError, Violation};
 
 /// BLAKE2s output length.
 pub(crate) const HASHLEN: usize = 32;
+/// BLAKE2s block length, hence the length of HMAC's key pads.
+const BLOCKLEN: usize = 64;
 /// Poly1305 tag length.
 pub(crate) const TAGLEN: usize = 16;
 /// Largest Noise message, ciphertext and tag included.
@@ -18,20 +19,90 @@ pub(crate) const MAX_MESSAGE_LEN: usize = 65535;
 /// Largest plaintext one transport message can carry.
 pub(crate) const MAX_PLAINTEXT_LEN: usize = MAX_MESSAGE_LEN - TAGLEN;
 
-/// HMAC over BLAKE2s with its 64-byte block, as the Noise spec defines it
-/// (not BLAKE2s keyed mode).
-type HmacBlake2s = SimpleHmac<Blake2s256>;
+const IPAD: u8 = 0x36;
+const OPAD: u8 = 0x5c;
 
-fn hmac(key: &[u8], parts: &[&[u8]]) -> Zeroizing<[u8; HASHLEN]> {
-    // HMAC takes keys of any length, so this never fails.
-    let mut mac = match <HmacBlake2s as Mac>::new_from_slice(key) {
-        Ok(mac) => mac,
-        Err(_) => unreachable!("HMAC accepts keys of every length"),
-    };
-    for part in parts {
-        mac.update(part);
+/// A BLAKE2s-256 hasher that puts itself back to its initial state after
+/// every digest and when dropped, so that its own memory keeps neither the
+/// bytes it hashed nor a chaining value derived from them.
+///
+/// `blake2` 0.10 offers no `Zeroize` for its hashers (and this crate uses
+/// no `unsafe`), so the state is overwritten through the hasher's API:
+/// `reset` restores the chaining value and counter to their public initial
+/// values, and hashing one block of zeros then overwrites the whole 64-byte
+/// block buffer, which holds the last (unprocessed) input block. What this
+/// cannot reach: the compression function's working vector and message
+/// words (stack and registers, overwritten by the next compression), and
+/// the 32-byte temporaries the `blake2`/`digest` crates copy the output
+/// through while finalizing.
+struct WipingHasher(Blake2s256);
+
+impl WipingHasher {
+    fn new() -> Self {
+        Self(Blake2s256::new())
     }
-    Zeroizing::new(mac.finalize().into_bytes().into())
+
+    fn update(&mut self, data: &[u8]) {
+        Digest::update(&mut self.0, data);
+    }
+
+    /// Writes the digest of everything hashed so far into `out`, then
+    /// wipes; the hasher can be used again.
+    fn finalize_into(&mut self, out: &mut [u8; HASHLEN]) {
+        let out = blake2::digest::Output::<Blake2s256>::from_mut_slice(out);
+        Digest::finalize_into_reset(&mut self.0, out);
+        self.wipe();
+    }
+
+    fn wipe(&mut self) {
+        Digest::reset(&mut self.0);
+        Digest::update(&mut self.0, [0u8; BLOCKLEN]);
+        Digest::reset(&mut self.0);
+        // Keep the stores above from being optimized away as dead.
+        std::hint::black_box(&mut self.0);
+    }
+}
+
+impl Drop for WipingHasher {
+    fn drop(&mut self) {
+        self.wipe();
+    }
+}
+
+/// HMAC over BLAKE2s with its 64-byte block, as the Noise spec defines it
+/// (RFC 2104; not BLAKE2s keyed mode): `H((K0 ^ opad) || H((K0 ^ ipad) ||
+/// message))`, where `K0` is the key (hashed first if longer than a block)
+/// padded with zeros to a block.
+///
+/// Wiped after use: the key pads (one `Zeroizing` block reused for both),
+/// the hashed long key, the inner digest, and both hashers' chaining values
+/// and block buffers (see [`WipingHasher`]). The result is returned in a
+/// `Zeroizing` buffer. Not wiped: what [`WipingHasher`] cannot reach, and
+/// whatever copies the compiler makes when it moves these values.
+fn hmac(key: &[u8], parts: &[&[u8]]) -> Zeroizing<[u8; HASHLEN]> {
+    let mut hasher = WipingHasher::new();
+    let mut pad = Zeroizing::new([0u8; BLOCKLEN]);
+    if key.len() > BLOCKLEN {
+        let mut hashed = Zeroizing::new([0u8; HASHLEN]);
+        hasher.update(key);
+        hasher.finalize_into(&mut hashed);
+        pad[..HASHLEN].copy_from_slice(hashed.as_ref());
+    } else {
+        pad[..key.len()].copy_from_slice(key);
+    }
+    pad.iter_mut().for_each(|b| *b ^= IPAD);
+    hasher.update(pad.as_ref());
+    for part in parts {
+        hasher.update(part);
+    }
+    let mut inner = Zeroizing::new([0u8; HASHLEN]);
+    hasher.finalize_into(&mut inner);
+    pad.iter_mut().for_each(|b| *b ^= IPAD ^ OPAD);
+    hasher.update(pad.as_ref());
+    hasher.update(inner.as_ref());
+    let mut out = Zeroizing::new([0u8; HASHLEN]);
+    hasher.finalize_into(&mut out);
+    out
 }
 
 /// `HKDF(chaining_key, input_key_material, 2)`.
@@ -272,6 +343,44 @@ mod tests {
             .chain_update(inner)
             .finalize();
         assert_eq!(hmac(&key, &[msg]).as_ref(), outer.as_slice());
+    }
+
+    #[test]
+    fn hmac_matches_the_hmac_crate_for_every_key_length() {
+        use hmac::{Mac, SimpleHmac};
+        let message: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+        for key_len in [0usize, 1, 20, 32, 63, 64, 65, 100, 200] {
+            let key: Vec<u8> = (0..key_len).map(|i| (i * 13 + 1) as u8).collect();
+            for split in [0usize, 1, 64, 65, 299, 300] {
+                let (a, b) = message.split_at(split);
+                let mut reference = <SimpleHmac<Blake2s256> as Mac>::new_from_slice(&key).unwrap();
+                reference.update(&message);
+                let expected = reference.finalize().into_bytes();
+                assert_eq!(
+                    hmac(&key, &[a, b]).as_ref(),
+                    expected.as_slice(),
+                    "key of {key_len} bytes, split at {split}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_wiped_hasher_is_back_to_its_public_initial_state() {
+        let mut hasher = WipingHasher::new();
+        hasher.update(&[0xa5; 100]);
+        let mut out = [0u8; HASHLEN];
+        hasher.finalize_into(&mut out);
+        assert_eq!(out.as_slice(), Blake2s256::digest([0xa5; 100]).as_slice());
+        // Chaining value and counter are the initial ones again: the
+        // hasher now digests as a fresh one would.
+        hasher.update(b"abc");
+        hasher.finalize_into(&mut out);
+        assert_eq!(out.as_slice(), Blake2s256::digest(b"abc").as_slice());
+        hasher.update(&[0x5a; 10]);
+        hasher.wipe();
+        let fresh: [u8; HASHLEN] = hasher.0.clone().finalize().into();
+        assert_eq!(fresh.as_slice(), Blake2s256::digest(b"").as_slice());
     }
 
     #[test]

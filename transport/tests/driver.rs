@@ -6,11 +6,14 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use capwire_transport::{
-    CloseCode, ConnectionEnd, ContactPolicy, Endpoint, Keypair, TransportConfig, TransportError,
+    CloseCode, ConnectionEnd, ContactPolicy, Endpoint, Initiator, Keypair, OsEntropy,
+    RecordDecoder, RecordEncoder, Responder, TransportConfig, TransportError, TransportSession,
 };
 use common::{Got, SnowPeer, default_endpoint, duplex, endpoint, pair};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
 
 #[tokio::test]
 async fn records_arrive_in_order_from_cloned_senders() {
@@ -343,5 +346,277 @@ fn an_invalid_configuration_is_reported() {
             ContactPolicy::AcceptAny
         ),
         Err(TransportError::InvalidConfig(_))
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// Handshake-only entry points: the caller owns the stream and the record
+// layer.
+
+fn session_pair() -> (TransportSession, TransportSession) {
+    let a = Keypair::generate().unwrap();
+    let b = Keypair::generate().unwrap();
+    let (mut m1, mut m2, mut m3, mut p) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let i = Initiator::new(&a, &OsEntropy)
+        .unwrap()
+        .write_message(&[], &mut m1)
+        .unwrap();
+    let r = Responder::new(&b, &OsEntropy)
+        .unwrap()
+        .read_message(&m1, &mut p)
+        .unwrap()
+        .write_message(&[], &mut m2)
+        .unwrap();
+    let i = i
+        .read_message(&m2, &mut p)
+        .unwrap()
+        .write_message(&[], &mut m3)
+        .unwrap();
+    (i, r.read_message(&m3, &mut p).unwrap())
+}
+
+#[tokio::test]
+async fn handshake_responder_hands_over_the_stream_and_the_early_records() {
+    let server = default_endpoint();
+    let (mut a, b) = duplex();
+    let srv = server.clone();
+    let task = tokio::spawn(async move { srv.handshake_responder(b).await });
+
+    // A hand-driven initiator that sends message 3 and its first transport
+    // message in one write.
+    let kp = Keypair::generate().unwrap();
+    let mut m1 = Vec::new();
+    let waiting = Initiator::new(&kp, &OsEntropy)
+        .unwrap()
+        .write_message(&[], &mut m1)
+        .unwrap();
+    common::write_msg(&mut a, &m1).await.unwrap();
+    let m2 = common::read_msg(&mut a).await.unwrap().unwrap();
+    let mut m3 = Vec::new();
+    let session = waiting
+        .read_message(&m2, &mut Vec::new())
+        .unwrap()
+        .write_message(&[], &mut m3)
+        .unwrap();
+    let (sealer, opener) = session.split();
+    let mut enc = RecordEncoder::new(sealer, 1 << 20, None);
+    let mut dec = RecordDecoder::new(opener, 1 << 20);
+    enc.push_record(b"early").unwrap();
+    enc.flush().unwrap();
+    let mut bytes = u16::try_from(m3.len()).unwrap().to_be_bytes().to_vec();
+    bytes.extend_from_slice(&m3);
+    bytes.extend_from_slice(enc.wire());
+    a.write_all(&bytes).await.unwrap();
+
+    let established = task.await.unwrap().unwrap();
+    assert_eq!(established.session.remote(), kp.public());
+    assert!(
+        !established.leftover.is_empty(),
+        "the early record was read along with message 3"
+    );
+    let (mut s_enc, mut s_dec) = server.record_layer(established.session);
+    let mut buf = established.leftover;
+    let mut records = Vec::new();
+    s_dec.decode(&mut buf, &mut records).unwrap();
+    assert_eq!(records, [Bytes::from_static(b"early")]);
+
+    // The caller writes on the stream it got back.
+    let mut stream = established.stream;
+    s_enc.push_record(b"reply").unwrap();
+    s_enc.flush().unwrap();
+    stream.write_all(s_enc.wire()).await.unwrap();
+    let mut cbuf = BytesMut::new();
+    let mut got = Vec::new();
+    while got.is_empty() {
+        assert!(a.read_buf(&mut cbuf).await.unwrap() > 0);
+        dec.decode(&mut cbuf, &mut got).unwrap();
+    }
+    assert_eq!(got, [Bytes::from_static(b"reply")]);
+}
+
+#[tokio::test]
+async fn handshake_initiator_and_responder_finish_together() {
+    let client = default_endpoint();
+    let server = default_endpoint();
+    let (a, b) = duplex();
+    let srv = server.clone();
+    let task = tokio::spawn(async move { srv.handshake_responder(b).await });
+    let c = client
+        .handshake_initiator(a, Some(server.local_id()))
+        .await
+        .unwrap();
+    let s = task.await.unwrap().unwrap();
+    assert!(c.leftover.is_empty());
+    assert_eq!(c.session.remote(), server.local_id());
+    assert_eq!(s.session.remote(), client.local_id());
+    assert_eq!(c.session.handshake_hash(), s.session.handshake_hash());
+
+    // Wrong expected key: refused before message 3.
+    let (a, b) = duplex();
+    let srv = server.clone();
+    let task = tokio::spawn(async move { srv.handshake_responder(b).await });
+    let wrong = Keypair::generate().unwrap().public();
+    assert!(matches!(
+        client.handshake_initiator(a, Some(wrong)).await,
+        Err(TransportError::UnexpectedPeer { .. })
+    ));
+    assert!(matches!(task.await.unwrap(), Err(TransportError::PeerLost)));
+}
+
+#[tokio::test]
+async fn handshake_responder_sends_denied_to_a_refused_peer() {
+    let server = endpoint(
+        TransportConfig::default(),
+        ContactPolicy::callback(|_| false),
+    );
+    let client = default_endpoint();
+    let (a, b) = duplex();
+    let srv = server.clone();
+    let task = tokio::spawn(async move { srv.handshake_responder(b).await });
+    let established = client.handshake_initiator(a, None).await.unwrap();
+    assert!(matches!(
+        task.await.unwrap(),
+        Err(TransportError::Denied(id)) if id == client.local_id()
+    ));
+    let (_, mut dec) = client.record_layer(established.session);
+    let mut stream = established.stream;
+    let mut buf = BytesMut::new();
+    let mut records = Vec::new();
+    loop {
+        let decoded = dec.decode(&mut buf, &mut records).unwrap();
+        if let Some(close) = decoded.close {
+            assert_eq!(close.code, CloseCode::Denied);
+            break;
+        }
+        assert!(
+            stream.read_buf(&mut buf).await.unwrap() > 0,
+            "a close record first"
+        );
+    }
+    assert!(records.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn handshake_responder_takes_no_handshake_slot() {
+    let mut config = TransportConfig::default();
+    config.max_concurrent_handshakes = 1;
+    let server = endpoint(config, ContactPolicy::AcceptAny);
+    let (_silent, b) = duplex();
+    let srv = server.clone();
+    let pending = tokio::spawn(async move { srv.handshake_responder(b).await.map(|_| ()) });
+    tokio::task::yield_now().await;
+    assert_eq!(server.available_handshake_slots(), 1);
+    // `accept` still has its one slot while the other handshake waits.
+    let client = default_endpoint();
+    let (c, s) = common::connected(&client, &server).await;
+    assert_eq!(s.remote(), client.local_id());
+    drop((c, s));
+    assert!(matches!(
+        pending.await.unwrap(),
+        Err(TransportError::HandshakeTimeout)
+    ));
+}
+
+#[test]
+fn record_layer_uses_the_endpoint_configuration() {
+    let mut config = TransportConfig::default();
+    config.max_record_size = 100;
+    config.rekey_after_messages = Some(1);
+    config.start_nonce_for_testing = 7;
+    let ours = endpoint(config, ContactPolicy::AcceptAny);
+    let (i, r) = session_pair();
+    let (mut enc, _) = ours.record_layer(i);
+    let (_, mut dec) = ours.record_layer(r);
+    assert_eq!(enc.nonce(), 7);
+    assert_eq!(dec.nonce(), 7);
+    assert!(matches!(
+        enc.push_record(&[0; 101]),
+        Err(TransportError::RecordTooLarge { len: 101, max: 100 })
+    ));
+    enc.push_record(b"a").unwrap();
+    enc.flush().unwrap();
+    // RECORD chunk (4) + REKEY chunk (3) + tag (16), after the prefix.
+    assert_eq!(enc.wire()[..2], [0, 23]);
+    enc.push_record(b"b").unwrap();
+    enc.flush().unwrap();
+    let mut buf = BytesMut::from(enc.wire());
+    let mut out = Vec::new();
+    assert_eq!(dec.decode(&mut buf, &mut out).unwrap().messages, 2);
+    assert_eq!(out, [Bytes::from_static(b"a"), Bytes::from_static(b"b")]);
+}
+
+// ---------------------------------------------------------------------------
+// The busy refusal.
+
+#[tokio::test]
+async fn a_busy_refusal_gives_the_initiator_a_busy_error() {
+    let client = default_endpoint();
+    let (a, b) = duplex();
+    let refusal = tokio::spawn(Endpoint::refuse_busy(b));
+    assert!(matches!(
+        client.connect(a, None).await,
+        Err(TransportError::Busy)
+    ));
+    refusal.await.unwrap();
+
+    // Over TCP, where the refusing side must not reset the connection
+    // before the initiator has read the refusal.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refusal = tokio::spawn(async move {
+        for _ in 0..2 {
+            let (stream, _) = listener.accept().await.unwrap();
+            Endpoint::refuse_busy(stream).await;
+        }
+    });
+    for _ in 0..2 {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(matches!(
+            client.handshake_initiator(stream, None).await,
+            Err(TransportError::Busy)
+        ));
+    }
+    refusal.await.unwrap();
+}
+
+#[tokio::test]
+async fn refuse_busy_writes_two_zero_bytes_then_hangs_up() {
+    let (mut a, b) = duplex();
+    let refusal = tokio::spawn(Endpoint::refuse_busy(b));
+    a.write_all(&[0x00, 0x20]).await.unwrap();
+    a.write_all(&[7u8; 32]).await.unwrap();
+    let mut got = Vec::new();
+    a.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got, [0, 0]);
+    drop(a);
+    refusal.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn refuse_busy_lets_go_within_its_bound() {
+    // A peer that neither sends nor hangs up.
+    let (_a, b) = duplex();
+    let start = Instant::now();
+    Endpoint::refuse_busy(b).await;
+    assert!(start.elapsed() <= Endpoint::BUSY_LINGER);
+    // A peer that never reads, over a pipe with no room at all.
+    let (_a, b) = tokio::io::duplex(1);
+    let start = Instant::now();
+    Endpoint::refuse_busy(b).await;
+    assert!(start.elapsed() <= Endpoint::BUSY_LINGER);
+}
+
+#[tokio::test]
+async fn a_zero_length_message_is_busy_only_in_place_of_message_2() {
+    // The responder still treats an empty message 1 as a short message.
+    let server = default_endpoint();
+    let (mut a, b) = duplex();
+    let accept = tokio::spawn(async move { server.accept(b).await });
+    a.write_all(&[0, 0]).await.unwrap();
+    assert!(matches!(
+        accept.await.unwrap(),
+        Err(TransportError::PeerMisbehaved(
+            capwire_transport::Violation::ShortMessage
+        ))
     ));
 }

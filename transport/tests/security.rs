@@ -1120,7 +1120,8 @@ async fn item11_half_open_flood_is_bounded_and_sessions_carry_on() {
         b"still here"
     );
 
-    // The half-open ones expire at the handshake deadline, freeing the slots.
+    // The half-open ones expire at the first-message deadline, freeing the
+    // slots.
     for p in pending {
         assert!(matches!(
             p.await.unwrap(),
@@ -1134,7 +1135,189 @@ async fn item11_half_open_flood_is_bounded_and_sessions_carry_on() {
 }
 
 // ---------------------------------------------------------------------------
-// 12. RNG failure [abort; no fallback].
+// 11 (continued). Silent TCP sockets that never send message 1 [a short
+//     deadline for message 1].
+
+#[tokio::test(start_paused = true)]
+async fn item11_a_silent_socket_is_dropped_at_the_first_message_deadline() {
+    let server = default_endpoint();
+    assert_eq!(
+        server.config().first_message_timeout,
+        Duration::from_secs(3)
+    );
+    let (_silent, b) = duplex();
+    let start = tokio::time::Instant::now();
+    assert!(matches!(
+        server.accept(b).await,
+        Err(TransportError::HandshakeTimeout)
+    ));
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(3),
+        "not the 10 s deadline"
+    );
+    assert_eq!(
+        server.available_handshake_slots(),
+        server.config().max_concurrent_handshakes
+    );
+
+    // The same for the handshake-only entry point, and for a socket that
+    // sends part of message 1 and stops.
+    let (mut partial, b) = duplex();
+    partial.write_all(&[0x00, 0x20, 1, 2, 3]).await.unwrap();
+    let start = tokio::time::Instant::now();
+    assert!(matches!(
+        server.handshake_responder(b).await,
+        Err(TransportError::HandshakeTimeout)
+    ));
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn item11_the_first_message_deadline_covers_message_1_only() {
+    // Message 1 on time, then silence: the whole-handshake deadline applies.
+    let server = default_endpoint();
+    let (mut a, b) = duplex();
+    let srv = server.clone();
+    let accept = tokio::spawn(async move { srv.accept(b).await });
+    let kp = Keypair::generate().unwrap();
+    let mut hs = snow_builder(&kp.secret_bytes()).build_initiator().unwrap();
+    let mut buf = vec![0u8; 256];
+    let start = tokio::time::Instant::now();
+    let n = hs.write_message(&[], &mut buf).unwrap();
+    write_msg(&mut a, &buf[..n]).await.unwrap();
+    let _m2 = read_msg(&mut a).await.unwrap().unwrap();
+    assert!(matches!(
+        accept.await.unwrap(),
+        Err(TransportError::HandshakeTimeout)
+    ));
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+}
+
+// ---------------------------------------------------------------------------
+// 13. A peer that never reads what it asked for [a write deadline closes
+//     it]; shutdown while peers stall or never read [ends within its
+//     documented bound].
+
+/// Our endpoint connects to a snow peer over a small pipe; after the
+/// handshake the peer never reads again.
+async fn stalled_peer() -> (
+    capwire_transport::Endpoint,
+    capwire_transport::Connection,
+    SnowPeer<tokio::io::DuplexStream>,
+) {
+    let ours = default_endpoint();
+    let (a, b) = tokio::io::duplex(4096);
+    let kp = Keypair::generate().unwrap();
+    let peer = tokio::spawn(async move { SnowPeer::accept(b, &kp.secret_bytes()).await });
+    let conn = ours.connect(a, None).await.unwrap();
+    (ours, conn, peer.await.unwrap())
+}
+
+/// Queues more than the pipe holds and lets the writer get stuck.
+async fn fill_the_pipe(conn: &capwire_transport::Connection) {
+    for _ in 0..4 {
+        conn.sender().try_send(vec![0u8; 100_000]).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(!conn.sender().is_closed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn item13_the_write_deadline_fires_while_the_peer_sends_keepalives() {
+    let (_ours, conn, mut peer) = stalled_peer().await;
+    // The peer keeps its direction alive, so no idle deadline can fire on
+    // our side, but it never reads.
+    let keepalives = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let mut out = [0u8; 16];
+            let n = peer.transport.write_message(&[], &mut out).unwrap();
+            if write_msg(&mut peer.stream, &out[..n]).await.is_err() {
+                return;
+            }
+        }
+    });
+    let start = tokio::time::Instant::now();
+    fill_the_pipe(&conn).await;
+    assert!(matches!(
+        conn.sender().ended().await,
+        ConnectionEnd::Failed(TransportError::WriteTimeout)
+    ));
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(30) && waited <= Duration::from_secs(31),
+        "{waited:?}"
+    );
+    let (sender, mut receiver) = conn.split();
+    assert!(matches!(
+        receiver.recv().await,
+        Err(TransportError::WriteTimeout)
+    ));
+    assert!(matches!(
+        sender.send(&b"more"[..]).await,
+        Err(TransportError::WriteTimeout)
+    ));
+    // Our side dropped the stream: the peer's writes fail.
+    keepalives.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn item13_close_returns_within_the_write_timeout_when_the_peer_never_reads() {
+    let (_ours, conn, _peer) = stalled_peer().await;
+    fill_the_pipe(&conn).await;
+    let start = tokio::time::Instant::now();
+    assert!(matches!(
+        conn.close("bye").await,
+        Err(TransportError::WriteTimeout)
+    ));
+    assert!(start.elapsed() <= Duration::from_secs(30));
+}
+
+#[tokio::test(start_paused = true)]
+async fn item13_close_is_bounded_even_when_the_peer_reads_a_trickle() {
+    let (_ours, conn, mut peer) = stalled_peer().await;
+    fill_the_pipe(&conn).await;
+    // A byte every 20 s: always some progress, never enough.
+    let trickle = tokio::spawn(async move {
+        let mut byte = [0u8; 1];
+        loop {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            if !matches!(peer.stream.read(&mut byte).await, Ok(1)) {
+                return;
+            }
+        }
+    });
+    let start = tokio::time::Instant::now();
+    assert!(matches!(
+        conn.close("bye").await,
+        Err(TransportError::WriteTimeout)
+    ));
+    assert!(start.elapsed() <= Duration::from_secs(30));
+    trickle.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn item13_shutdown_ends_within_its_bound_when_peers_never_read() {
+    let (ours, stuck, _peer) = stalled_peer().await;
+    fill_the_pipe(&stuck).await;
+    // A second connection of the same endpoint whose peer never reads nor
+    // hangs up, but whose pipe has room for the close record.
+    let (a, b) = tokio::io::duplex(4096);
+    let kp = Keypair::generate().unwrap();
+    let peer = tokio::spawn(async move { SnowPeer::accept(b, &kp.secret_bytes()).await });
+    let idle = ours.connect(a, None).await.unwrap();
+    let _idle_peer = peer.await.unwrap();
+
+    let start = tokio::time::Instant::now();
+    ours.shutdown().await;
+    assert!(start.elapsed() <= capwire_transport::Endpoint::SHUTDOWN_GRACE);
+    assert!(stuck.sender().is_closed());
+    assert!(idle.sender().is_closed());
+}
+
+// ---------------------------------------------------------------------------
+// 14. RNG failure [abort; no fallback].
 
 /// Works `ok` times, then fails forever.
 struct Failing {
@@ -1155,7 +1338,7 @@ impl EntropySource for Failing {
 }
 
 #[tokio::test]
-async fn item12_rng_failure_aborts_without_fallback() {
+async fn item14_rng_failure_aborts_without_fallback() {
     assert!(matches!(
         Keypair::generate_with(&Failing {
             ok: AtomicUsize::new(0)

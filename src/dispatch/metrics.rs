@@ -1,9 +1,13 @@
 //! Counters per (cap, verb, outcome), readable from the node.
+//!
+//! Each registered route has its own row of atomic counters, found by the
+//! route's index, so counting takes no lock; names that are not registered
+//! share one counter, so a peer cannot grow the table by inventing names.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use capwire_manifest::Registry;
 
 /// What became of one inbound envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,18 +23,36 @@ pub enum Outcome {
     Unauthorized,
     /// Authorized, but the arguments did not decode into the verb's type.
     BadArgs,
-    /// A request with the same (sender, req_id) was still running.
+    /// A request with the same (sender, req_id) was running, was answered
+    /// under another (cap, verb), or its response was released.
     Duplicate,
     /// A repeated request answered from the ledger; no handler ran.
     Replayed,
-    /// Refused because too many requests were in flight.
+    /// Refused because a bound was reached (in flight, ledger quota).
     Overloaded,
-    /// Cancelled by the caller or by its deadline before it finished.
+    /// Cancelled by the caller, by shutdown or by its deadline.
     Cancelled,
+    /// The frame's shape did not match the verb's kind: a request verb
+    /// sent without `req_id`, or a notification verb with one.
+    WrongKind,
 }
 
 impl Outcome {
-    /// A short stable name, used in traces.
+    /// Every outcome, in counter order.
+    pub const ALL: [Outcome; 10] = [
+        Outcome::Ok,
+        Outcome::Failed,
+        Outcome::UnknownVerb,
+        Outcome::Unauthorized,
+        Outcome::BadArgs,
+        Outcome::Duplicate,
+        Outcome::Replayed,
+        Outcome::Overloaded,
+        Outcome::Cancelled,
+        Outcome::WrongKind,
+    ];
+
+    /// A short stable name, used in traces and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
@@ -42,7 +64,12 @@ impl Outcome {
             Outcome::Replayed => "replayed",
             Outcome::Overloaded => "overloaded",
             Outcome::Cancelled => "cancelled",
+            Outcome::WrongKind => "wrong_kind",
         }
+    }
+
+    fn slot(self) -> usize {
+        self as usize
     }
 }
 
@@ -95,49 +122,51 @@ impl MetricsSnapshot {
     }
 }
 
-const OUTCOMES: [Outcome; 9] = [
-    Outcome::Ok,
-    Outcome::Failed,
-    Outcome::UnknownVerb,
-    Outcome::Unauthorized,
-    Outcome::BadArgs,
-    Outcome::Duplicate,
-    Outcome::Replayed,
-    Outcome::Overloaded,
-    Outcome::Cancelled,
-];
+type Row = [AtomicU64; Outcome::ALL.len()];
 
-type PerVerb = HashMap<Box<str>, [u64; OUTCOMES.len()]>;
-
-/// Counters. Registered names get their own rows; all other names share one
-/// counter, so a peer cannot grow this table by inventing names.
-#[derive(Debug, Default)]
+/// The counters.
 pub(crate) struct Metrics {
-    known: Mutex<HashMap<Box<str>, PerVerb>>,
+    names: Box<[(String, String)]>,
+    rows: Box<[Row]>,
     unknown: AtomicU64,
 }
 
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("routes", &self.names.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Metrics {
-    /// Counts an outcome for a (cap, verb) that the registry knows.
-    pub(crate) fn count_known(&self, cap: &str, verb: &str, outcome: Outcome) {
-        let slot = OUTCOMES.iter().position(|o| *o == outcome).unwrap_or(0);
-        let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        // Borrowed lookups first, so the steady state allocates nothing.
-        if let Some(verbs) = map.get_mut(cap) {
-            if let Some(counts) = verbs.get_mut(verb) {
-                counts[slot] += 1;
-                return;
-            }
-            let mut counts = [0; OUTCOMES.len()];
-            counts[slot] = 1;
-            verbs.insert(verb.into(), counts);
-            return;
+    /// One row per route of `registry`, in the registry's route order.
+    pub(crate) fn for_registry<H>(registry: &Registry<H>) -> Self {
+        let names: Box<[(String, String)]> = registry
+            .routes()
+            .map(|r| {
+                (
+                    r.info().cap().as_str().to_owned(),
+                    r.info().verb().as_str().to_owned(),
+                )
+            })
+            .collect();
+        let rows = names
+            .iter()
+            .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+            .collect();
+        Self {
+            names,
+            rows,
+            unknown: AtomicU64::new(0),
         }
-        let mut counts = [0; OUTCOMES.len()];
-        counts[slot] = 1;
-        map.entry(cap.into())
-            .or_default()
-            .insert(verb.into(), counts);
+    }
+
+    /// Counts an outcome for the route with this index.
+    pub(crate) fn count(&self, route: u32, outcome: Outcome) {
+        if let Some(row) = usize::try_from(route).ok().and_then(|i| self.rows.get(i)) {
+            row[outcome.slot()].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts an envelope whose (cap, verb) is not registered.
@@ -146,23 +175,20 @@ impl Metrics {
     }
 
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
-        let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
         let mut rows = Vec::new();
-        for (cap, verbs) in map.iter() {
-            for (verb, counts) in verbs {
-                for (outcome, count) in OUTCOMES.iter().zip(counts) {
-                    if *count > 0 {
-                        rows.push(MetricRow {
-                            cap: Some(cap.to_string()),
-                            verb: Some(verb.to_string()),
-                            outcome: *outcome,
-                            count: *count,
-                        });
-                    }
+        for ((cap, verb), row) in self.names.iter().zip(self.rows.iter()) {
+            for (outcome, counter) in Outcome::ALL.iter().zip(row.iter()) {
+                let count = counter.load(Ordering::Relaxed);
+                if count > 0 {
+                    rows.push(MetricRow {
+                        cap: Some(cap.clone()),
+                        verb: Some(verb.clone()),
+                        outcome: *outcome,
+                        count,
+                    });
                 }
             }
         }
-        drop(map);
         let unknown = self.unknown.load(Ordering::Relaxed);
         if unknown > 0 {
             rows.push(MetricRow {

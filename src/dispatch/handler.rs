@@ -17,14 +17,12 @@ use std::any::Any;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use capwire_envelope::{DecodeError, ErrorBody, ErrorCode, NodeId, RawValue, ReqId};
+use capwire_envelope::{DecodeError, ErrorBody, ErrorCode, RawValue};
 use capwire_manifest::VerbDef;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::node::Node;
+use crate::dispatch::extract::{Context, Extensions, FromContext};
 
 /// A boxed, sendable future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -88,94 +86,22 @@ impl std::fmt::Display for HandlerError {
 
 impl std::error::Error for HandlerError {}
 
-/// What the runtime knows about the envelope a handler is running for.
-#[derive(Clone)]
-pub struct Context {
-    pub(crate) node: Node,
-    pub(crate) sender: NodeId,
-    pub(crate) req_id: ReqId,
-    pub(crate) deadline: Option<Instant>,
-    pub(crate) cancel: CancellationToken,
-}
-
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context")
-            .field("sender", &self.sender)
-            .field("req_id", &self.req_id)
-            .field("deadline", &self.deadline)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Something a handler can take besides its arguments.
-pub trait FromContext: Sized + Send + 'static {
-    /// Extracts the value.
-    ///
-    /// # Errors
-    /// An error here is answered to the caller instead of running the handler.
-    fn from_context(cx: &Context) -> Result<Self, HandlerError>;
-}
-
-/// The authenticated identity of the peer that sent the envelope: the static
-/// key proven in the handshake, never a field of the envelope.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sender(pub NodeId);
-
-impl FromContext for Sender {
-    fn from_context(cx: &Context) -> Result<Self, HandlerError> {
-        Ok(Sender(cx.sender))
-    }
-}
-
-/// Request metadata: request id, deadline and cancellation.
-#[derive(Debug, Clone)]
-pub struct Meta {
-    /// The request id (empty for a notification).
-    pub req_id: ReqId,
-    /// When the caller stops waiting, if it said.
-    pub deadline: Option<Instant>,
-    /// Cancelled when the caller cancels or the deadline passes.
-    pub cancel: CancellationToken,
-}
-
-impl FromContext for Meta {
-    fn from_context(cx: &Context) -> Result<Self, HandlerError> {
-        Ok(Meta {
-            req_id: cx.req_id.clone(),
-            deadline: cx.deadline,
-            cancel: cx.cancel.clone(),
-        })
-    }
-}
-
-impl FromContext for Node {
-    fn from_context(cx: &Context) -> Result<Self, HandlerError> {
-        Ok(cx.node.clone())
-    }
-}
-
-/// Shared application state registered with
-/// [`NodeBuilder::state`](crate::NodeBuilder::state).
-#[derive(Debug, Clone)]
-pub struct State<T>(pub T);
-
-impl<T: Clone + Send + Sync + 'static> FromContext for State<T> {
-    fn from_context(cx: &Context) -> Result<Self, HandlerError> {
-        cx.node.state::<T>().map(State).ok_or_else(|| {
-            HandlerError::new(
-                ErrorCode::Internal,
-                "handler state of this type was not registered",
-            )
-        })
-    }
-}
-
 /// An async function that can handle verb `V`. `M` only tells the blanket
 /// implementations apart; you never name it.
+///
+/// Implemented for every `Fn(V::Args, E1, .., En) -> impl Future<Output =
+/// Result<V::Output, HandlerError>>` with up to three extractors `Ei:
+/// FromContext`.
 pub trait Handler<V: VerbDef, M>: Clone + Send + Sync + 'static {
-    /// Runs the handler.
-    fn call(&self, args: V::Args, cx: Context) -> BoxFuture<Result<V::Output, HandlerError>>;
+    /// Runs the handler: extracts what it needs from `cx` and starts it.
+    fn call(&self, args: V::Args, cx: &mut Context) -> BoxFuture<Result<V::Output, HandlerError>>;
+
+    /// Checks, when the node is built, that `cx` will give every extractor
+    /// what it needs (for example the state behind a [`State<T>`](crate::State)).
+    ///
+    /// # Errors
+    /// What is missing, in words.
+    fn check(extensions: &Extensions) -> Result<(), String>;
 }
 
 impl<V, F, Fut> Handler<V, ()> for F
@@ -184,8 +110,12 @@ where
     F: Fn(V::Args) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<V::Output, HandlerError>> + Send + 'static,
 {
-    fn call(&self, args: V::Args, _cx: Context) -> BoxFuture<Result<V::Output, HandlerError>> {
+    fn call(&self, args: V::Args, _cx: &mut Context) -> BoxFuture<Result<V::Output, HandlerError>> {
         Box::pin((self)(args))
+    }
+
+    fn check(_extensions: &Extensions) -> Result<(), String> {
+        Ok(())
     }
 }
 
@@ -199,12 +129,17 @@ macro_rules! impl_handler {
             $($e: FromContext),+
         {
             #[allow(non_snake_case)]
-            fn call(&self, args: V::Args, cx: Context) -> BoxFuture<Result<V::Output, HandlerError>> {
-                $(let $e = match $e::from_context(&cx) {
+            fn call(&self, args: V::Args, cx: &mut Context) -> BoxFuture<Result<V::Output, HandlerError>> {
+                $(let $e = match $e::from_context(cx) {
                     Ok(v) => v,
                     Err(e) => return Box::pin(async move { Err(e) }),
                 };)+
                 Box::pin((self)(args, $($e),+))
+            }
+
+            fn check(extensions: &Extensions) -> Result<(), String> {
+                $($e::check(extensions)?;)+
+                Ok(())
             }
         }
     };
@@ -214,20 +149,54 @@ impl_handler!(E1);
 impl_handler!(E1, E2);
 impl_handler!(E1, E2, E3);
 
-/// The type-erased handler the registry stores for each route.
+/// The type-erased handler of one route.
 pub(crate) trait ErasedHandler: Send + Sync + 'static {
     /// Decodes the raw arguments (after authorization) and starts the
     /// handler. A decode failure is `bad_args`.
     fn start(
         &self,
         args: &[u8],
-        cx: Context,
+        cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError>;
+
+    /// See [`Handler::check`].
+    fn check(&self, extensions: &Extensions) -> Result<(), String>;
 }
 
-/// A shareable erased handler, as stored in the registry.
-pub(crate) type RouteHandler = Arc<dyn ErasedHandler>;
+/// What the registry stores for each route: the erased handler and the
+/// route's index in the registry (set once the registry is built; it keys
+/// the per-route counters and binds ledger entries to their route).
+pub(crate) struct RouteEntry {
+    handler: Box<dyn ErasedHandler>,
+    index: OnceLock<u32>,
+}
 
+impl RouteEntry {
+    pub(crate) fn new(handler: impl ErasedHandler) -> Self {
+        Self {
+            handler: Box::new(handler),
+            index: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn handler(&self) -> &dyn ErasedHandler {
+        &*self.handler
+    }
+
+    /// The route's index; `u32::MAX` before the registry was indexed.
+    pub(crate) fn index(&self) -> u32 {
+        self.index.get().copied().unwrap_or(u32::MAX)
+    }
+
+    pub(crate) fn set_index(&self, index: u32) {
+        let _ = self.index.set(index);
+    }
+}
+
+/// A shareable route handler, as stored in the registry.
+pub(crate) type RouteHandler = Arc<RouteEntry>;
+
+/// A typed handler `H` of verb `V`, erased.
 pub(crate) struct Typed<V, M, H> {
     handler: H,
     _marker: PhantomData<fn() -> (V, M)>,
@@ -251,7 +220,7 @@ where
     fn start(
         &self,
         args: &[u8],
-        cx: Context,
+        cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
         let args: V::Args = capwire_envelope::from_slice(args)?;
         let fut = self.handler.call(args, cx);
@@ -264,6 +233,10 @@ where
                 )
             })
         }))
+    }
+
+    fn check(&self, extensions: &Extensions) -> Result<(), String> {
+        H::check(extensions)
     }
 }
 

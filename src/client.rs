@@ -4,53 +4,83 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use capwire_envelope::{NodeId, RawValue, ReqId, encode_cancel, encode_control};
-use capwire_manifest::{CapRequirement, CapabilityManifest, Manifest, VerbDef, VerbKind};
-use tokio::sync::oneshot;
+use capwire_envelope::{NodeId, RawValue, ReqId};
+use capwire_manifest::{CapRequirement, CapabilityManifest, Manifest, NotificationVerb, RequestVerb};
 use tokio::time::Instant;
 
 use crate::error::CallError;
-use crate::node::{Node, lock};
-use crate::session::{Reply, SessionHandle, wait_session};
+use crate::net::peers::Peers;
+use crate::net::session::Session;
+use crate::proto::codec;
+use crate::proto::session::Reply;
 
 /// A handle to call one peer. Cheap to clone.
 ///
 /// Calls go over the node's session with the peer; when the peer is a
 /// contact that is being (re)dialled, a call waits for the session within
 /// its deadline.
-#[derive(Debug, Clone)]
+///
+/// Which verbs a call may name is checked at compile time: [`request`](Self::request)
+/// takes only request verbs and [`notify`](Self::notify) only notifications.
+///
+/// ```compile_fail
+/// # use capwire::manifest::verb;
+/// verb! { pub struct Note: notification "app.echo" / "note", Bootstrap, String; }
+/// async fn wrong(peer: capwire::Peer) {
+///     let _ = peer.request(Note, "a notification has no answer".into()).await;
+/// }
+/// ```
+///
+/// ```compile_fail
+/// # use capwire::manifest::verb;
+/// verb! { pub struct Say: request "app.echo" / "say", Bootstrap, String => String; }
+/// async fn wrong(peer: capwire::Peer) {
+///     let _ = peer.notify(Say, "a request wants its answer".into()).await;
+/// }
+/// ```
+#[derive(Clone)]
 pub struct Peer {
-    node: Node,
+    peers: Arc<Peers>,
     id: NodeId,
+    default_deadline: Duration,
 }
 
-/// Removes the pending entry and tells the peer to stop, unless the call
-/// got its answer. Runs on timeout and when the call's future is dropped.
-struct PendingCall {
-    session: Arc<SessionHandle>,
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer").field("id", &self.id).finish()
+    }
+}
+
+/// Gives up on the call (a cancel frame goes to the peer) unless it was
+/// answered. Runs on timeout and when the call's future is dropped.
+struct PendingCall<'a> {
+    session: &'a Session,
     req_id: ReqId,
     answered: bool,
 }
 
-impl Drop for PendingCall {
+impl Drop for PendingCall<'_> {
     fn drop(&mut self) {
-        if self.answered {
-            return;
-        }
-        let removed = lock(&self.session.pending).remove(&self.req_id).is_some();
-        if removed && !self.session.is_ended() {
-            let mut out = Vec::with_capacity(32);
-            if encode_cancel(&mut out, &self.req_id).is_ok() {
-                let _ = self.session.try_send(Bytes::from(out));
-            }
+        if !self.answered {
+            self.session.abandon(&self.req_id);
         }
     }
 }
 
+/// `now + d`, or a far future when that does not fit.
+pub(crate) fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+}
+
 impl Peer {
-    pub(crate) fn new(node: Node, id: NodeId) -> Self {
-        Self { node, id }
+    pub(crate) fn new(peers: Arc<Peers>, id: NodeId, default_deadline: Duration) -> Self {
+        Self {
+            peers,
+            id,
+            default_deadline,
+        }
     }
 
     /// The peer's identity.
@@ -60,7 +90,7 @@ impl Peer {
 
     /// The peer's manifest as last received, if a session is up.
     pub fn manifest(&self) -> Option<Arc<Manifest>> {
-        self.node.inner.session(&self.id).map(|s| s.manifest())
+        self.peers.session(&self.id).and_then(|s| s.manifest())
     }
 
     /// Checks that the peer offers a capability version that satisfies
@@ -88,13 +118,12 @@ impl Peer {
     /// # Cancel safety
     /// Dropping the future cancels the call: a cancel frame is sent and the
     /// peer cancels its handler.
-    pub async fn request<V: VerbDef>(
+    pub async fn request<V: RequestVerb>(
         &self,
         verb: V,
         args: V::Args,
     ) -> Result<V::Output, CallError> {
-        let deadline = self.node.inner.limits.default_deadline;
-        self.request_within(verb, args, deadline).await
+        self.request_within(verb, args, self.default_deadline).await
     }
 
     /// Like [`Peer::request`], with its own deadline. The deadline travels to
@@ -102,19 +131,15 @@ impl Peer {
     ///
     /// # Errors
     /// As [`Peer::request`].
-    pub async fn request_within<V: VerbDef>(
+    ///
+    /// # Cancel safety
+    /// As [`Peer::request`].
+    pub async fn request_within<V: RequestVerb>(
         &self,
         _verb: V,
         args: V::Args,
         deadline: Duration,
     ) -> Result<V::Output, CallError> {
-        if V::KIND != VerbKind::Request {
-            return Err(CallError::Encode(format!(
-                "{}/{} is a notification: use notify",
-                V::CAP,
-                V::VERB
-            )));
-        }
         let args = RawValue::encode(&args).map_err(|e| CallError::Encode(e.to_string()))?;
         let result = self.call_raw(V::CAP, V::VERB, &args, deadline).await?;
         result
@@ -123,30 +148,34 @@ impl Peer {
     }
 
     /// Sends notification `V`: fire-and-forget, no answer is ever sent or
-    /// awaited. Returns once the envelope is queued on the session.
+    /// awaited. Returns once the envelope is queued on the session (waiting,
+    /// within the default deadline, while the session's send queue is full).
     ///
     /// # Errors
-    /// No session could be had, or the args do not encode.
-    pub async fn notify<V: VerbDef>(&self, _verb: V, args: V::Args) -> Result<(), CallError> {
+    /// No session could be had, the args do not encode, or the queue had
+    /// no room within the deadline.
+    pub async fn notify<V: NotificationVerb>(&self, _verb: V, args: V::Args) -> Result<(), CallError> {
         let args = RawValue::encode(&args).map_err(|e| CallError::Encode(e.to_string()))?;
         self.notify_raw(V::CAP, V::VERB, &args).await
     }
 
-    async fn session(&self, deadline: Instant) -> Result<Arc<SessionHandle>, CallError> {
-        let inner = &self.node.inner;
-        if inner.stop_accepting.is_cancelled() {
+    async fn session(&self, deadline: Instant) -> Result<Arc<Session>, CallError> {
+        if self.peers.stopping().is_cancelled() {
             return Err(CallError::Shutdown);
         }
-        wait_session(inner, &self.id, deadline)
+        self.peers
+            .wait_session(&self.id, deadline)
             .await
             .ok_or(CallError::Unreachable(self.id))
     }
 
     /// An untyped request: any `cap` and `verb` text, args as raw CBOR.
-    /// Used by tools (and tests) that speak to verbs they have no Rust type
-    /// for.
+    /// For tools (and tests) that speak to verbs they have no Rust type for.
     ///
     /// # Errors
+    /// As [`Peer::request`].
+    ///
+    /// # Cancel safety
     /// As [`Peer::request`].
     pub async fn call_raw(
         &self,
@@ -155,44 +184,24 @@ impl Peer {
         args: &RawValue,
         deadline: Duration,
     ) -> Result<RawValue, CallError> {
-        let inner = &self.node.inner;
-        let deadline_at = Instant::now() + deadline;
+        let deadline_at = deadline_after(deadline);
         let session = self.session(deadline_at).await?;
-        let req_id = inner.next_req_id();
-        let mut frame = Vec::with_capacity(48 + cap.len() + verb.len() + args.as_bytes().len());
+        let req_id = self.peers.next_req_id();
         // The budget is what is left of the deadline after waiting for the
         // session.
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        encode_control(
-            &mut frame,
-            cap,
-            verb,
-            &req_id,
-            Some(budget_ms),
-            args.as_bytes(),
-        )
-        .map_err(|e| CallError::Encode(e.to_string()))?;
-        if frame.len() > session.max_frame() {
-            return Err(CallError::TooLarge);
-        }
-
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut pending = lock(&session.pending);
-            if pending.len() >= inner.limits.max_pending_calls_per_session {
-                return Err(CallError::Overloaded);
-            }
-            pending.insert(req_id.clone(), tx);
-        }
+        let frame = codec::control(cap, verb, &req_id, Some(budget_ms), args.as_bytes())
+            .map_err(|e| CallError::Encode(e.to_string()))?;
+        let rx = session
+            .call(req_id.clone(), frame, deadline_at)
+            .await
+            .map_err(|e| self.lost_or(e))?;
         let mut call = PendingCall {
-            session: session.clone(),
+            session: &session,
             req_id,
             answered: false,
         };
-        if session.send(Bytes::from(frame)).await.is_err() {
-            return Err(self.lost());
-        }
         match tokio::time::timeout_at(deadline_at, rx).await {
             Ok(Ok(reply)) => {
                 call.answered = true;
@@ -205,10 +214,9 @@ impl Peer {
             }
             Ok(Err(_)) => {
                 call.answered = true;
-                Err(self.lost())
+                Err(self.lost_or(CallError::PeerLost))
             }
-            // `call` is dropped here: the pending entry goes and a cancel
-            // frame is sent.
+            // `call` is dropped here: the peer is told to stop.
             Err(_) => Err(CallError::Timeout),
         }
     }
@@ -217,33 +225,22 @@ impl Peer {
     ///
     /// # Errors
     /// As [`Peer::notify`].
-    pub async fn notify_raw(
-        &self,
-        cap: &str,
-        verb: &str,
-        args: &RawValue,
-    ) -> Result<(), CallError> {
-        let inner = &self.node.inner;
-        let session = self
-            .session(Instant::now() + inner.limits.default_deadline)
-            .await?;
-        let mut frame = Vec::with_capacity(48 + cap.len() + verb.len() + args.as_bytes().len());
-        encode_control(&mut frame, cap, verb, &ReqId::EMPTY, None, args.as_bytes())
+    pub async fn notify_raw(&self, cap: &str, verb: &str, args: &RawValue) -> Result<(), CallError> {
+        let deadline_at = deadline_after(self.default_deadline);
+        let session = self.session(deadline_at).await?;
+        let frame = codec::control(cap, verb, &ReqId::EMPTY, None, args.as_bytes())
             .map_err(|e| CallError::Encode(e.to_string()))?;
-        if frame.len() > session.max_frame() {
-            return Err(CallError::TooLarge);
-        }
         session
-            .send(Bytes::from(frame))
+            .notify(frame, deadline_at)
             .await
-            .map_err(|_| self.lost())
+            .map_err(|e| self.lost_or(e))
     }
 
-    fn lost(&self) -> CallError {
-        if self.node.inner.stop_accepting.is_cancelled() {
+    fn lost_or(&self, e: CallError) -> CallError {
+        if matches!(e, CallError::PeerLost) && self.peers.stopping().is_cancelled() {
             CallError::Shutdown
         } else {
-            CallError::PeerLost
+            e
         }
     }
 }

@@ -1,0 +1,166 @@
+//! The node's binding to its control plane and its manifest: the pending
+//! bind, bind and unbind, and the manifest epoch, kept by the manifest
+//! crate's [`ManifestTracker`]. Every change that shows in the manifest
+//! (a bind, an unbind, a pending bind opened, used up or expired) bumps
+//! the epoch and sends the new hello on every session.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use capwire_authz::{BindCode, BindFailure, Binding, SharedBinding};
+use capwire_envelope::{Limits as WireLimits, NodeId};
+use capwire_manifest::{Manifest, ManifestTracker, Registry};
+use tokio::sync::Notify;
+
+use crate::dispatch::handler::RouteHandler;
+use crate::error::NodeError;
+use crate::net::peers::Peers;
+use crate::proto::codec;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The binding and the manifest of one node.
+pub(crate) struct Control {
+    binding: Arc<SharedBinding>,
+    tracker: Mutex<ManifestTracker>,
+    registry: Arc<Registry<RouteHandler>>,
+    peers: Arc<Peers>,
+    wire_limits: WireLimits,
+    /// Wakes the expiry task when a pending bind is made.
+    pending_changed: Notify,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control").finish_non_exhaustive()
+    }
+}
+
+/// The hello frame for `manifest`.
+pub(crate) fn hello_for(manifest: &Manifest, limits: WireLimits) -> Result<bytes::Bytes, NodeError> {
+    codec::hello(manifest, limits)
+        .map_err(|e| NodeError::Config(format!("the manifest does not encode: {e}")))
+}
+
+impl Control {
+    pub(crate) fn new(
+        binding: Arc<SharedBinding>,
+        tracker: ManifestTracker,
+        registry: Arc<Registry<RouteHandler>>,
+        peers: Arc<Peers>,
+        wire_limits: WireLimits,
+    ) -> Self {
+        Self {
+            binding,
+            tracker: Mutex::new(tracker),
+            registry,
+            peers,
+            wire_limits,
+            pending_changed: Notify::new(),
+        }
+    }
+
+    /// The current manifest.
+    pub(crate) fn manifest(&self) -> Manifest {
+        lock(&self.tracker).manifest().clone()
+    }
+
+    /// The current binding.
+    pub(crate) fn binding(&self) -> Binding {
+        self.binding.snapshot()
+    }
+
+    /// Recomputes the manifest at `now`; if it changed, its epoch is bumped
+    /// and every session is sent the new hello.
+    pub(crate) fn refresh(&self, now: Instant) {
+        let hello = {
+            let mut tracker = lock(&self.tracker);
+            let status = self.binding.status(now);
+            if !tracker.refresh(&*self.registry, status) {
+                return;
+            }
+            match hello_for(tracker.manifest(), self.wire_limits) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!(error = %e, "manifest update not sent");
+                    return;
+                }
+            }
+        };
+        self.peers.announce(hello);
+    }
+
+    /// Opens a pending bind for `expected` (any control plane if `None`);
+    /// returns its code.
+    ///
+    /// # Errors
+    /// The system random number generator failed.
+    pub(crate) fn open_pending(&self, expected: Option<NodeId>, now: Instant) -> Result<String, NodeError> {
+        let code = BindCode::random()?;
+        let text = code.expose().to_owned();
+        self.binding.create_pending(code, expected, now);
+        self.pending_changed.notify_one();
+        self.refresh(now);
+        Ok(text)
+    }
+
+    /// One bind attempt by `sender`.
+    ///
+    /// # Errors
+    /// Why it failed.
+    pub(crate) fn try_bind(&self, sender: &NodeId, code: &str, now: Instant) -> Result<Binding, BindFailure> {
+        let result = self.binding.try_bind(sender, code, now);
+        if matches!(
+            result,
+            Ok(_) | Err(BindFailure::TooManyAttempts | BindFailure::Expired)
+        ) {
+            self.refresh(now);
+        }
+        if result.is_ok() {
+            tracing::info!(controller = %sender, "bound to a control plane");
+        }
+        result
+    }
+
+    /// Unbinds the control plane; returns it.
+    pub(crate) fn unbind(&self, now: Instant) -> Option<NodeId> {
+        let previous = self.binding.unbind();
+        if previous.is_some() {
+            self.refresh(now);
+        }
+        previous
+    }
+
+    /// Runs until `stop`: clears a pending bind when it expires, so the
+    /// manifest says `off` (with a new epoch) without waiting for someone
+    /// to try the code.
+    pub(crate) async fn expire_pending(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        loop {
+            let now = tokio::time::Instant::now();
+            let next = self.binding.pending(now.into_std()).map(|p| p.expires_at);
+            let wake = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = self.pending_changed.notified() => {}
+                () = wake => {
+                    let now = tokio::time::Instant::now().into_std();
+                    if self.binding.pending(now).is_none() {
+                        self.binding.with(|state| {
+                            if state.pending(now).is_none() {
+                                state.cancel_pending();
+                            }
+                        });
+                    }
+                    self.refresh(now);
+                }
+            }
+        }
+    }
+}

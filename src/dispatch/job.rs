@@ -1,0 +1,151 @@
+//! Running an admitted job: the binding re-check, the args decode, the
+//! handler's first poll on the caller's task and, when the handler waits,
+//! the future that finishes it elsewhere.
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Instant;
+
+use capwire_envelope::{ErrorBody, ErrorCode, NodeId, RawValue};
+use futures_util::FutureExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::extract::Context;
+use crate::dispatch::handler::{BoxFuture, HandlerError, panic_message};
+use crate::dispatch::metrics::Outcome;
+use crate::dispatch::{Dispatcher, Job};
+
+/// How a job ended.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub(crate) result: Result<RawValue, ErrorBody>,
+    pub(crate) outcome: Outcome,
+}
+
+impl Finished {
+    fn err(code: ErrorCode, message: &str, outcome: Outcome) -> Self {
+        Self {
+            result: Err(ErrorBody::new(code, message)),
+            outcome,
+        }
+    }
+
+    fn from_handler(r: Result<RawValue, HandlerError>) -> Self {
+        match r {
+            Ok(value) => Self {
+                result: Ok(value),
+                outcome: Outcome::Ok,
+            },
+            Err(e) => Self {
+                result: Err(e.into_body()),
+                outcome: Outcome::Failed,
+            },
+        }
+    }
+
+    fn panicked(payload: &(dyn std::any::Any + Send)) -> Self {
+        tracing::warn!(message = %panic_message(payload), "handler panicked");
+        Self::err(ErrorCode::Internal, "the handler panicked", Outcome::Failed)
+    }
+
+    pub(crate) fn cancelled() -> Self {
+        Self::err(
+            ErrorCode::Cancelled,
+            "cancelled: the request was cancelled",
+            Outcome::Cancelled,
+        )
+    }
+}
+
+/// A job after its first poll.
+pub(crate) enum Started {
+    /// It finished without waiting.
+    Done(Finished),
+    /// It waits: drive this future to the end (it stops by itself at the
+    /// deadline or when `token` is cancelled).
+    Waiting {
+        future: BoxFuture<Finished>,
+        token: CancellationToken,
+    },
+}
+
+/// Starts `job` for `sender` and polls it once with `task`'s waker, so a
+/// handler that does not wait costs no task and no wake-up. `parent` is
+/// the session's handler token.
+pub(crate) fn start(
+    dispatcher: &Dispatcher,
+    job: &Job,
+    sender: NodeId,
+    parent: &CancellationToken,
+    now: Instant,
+    task: &mut TaskContext<'_>,
+) -> Started {
+    // A binding change since the decision takes effect here.
+    if let Err(reason) = job.permit.recheck(&dispatcher.binding().snapshot()) {
+        return Started::Done(Finished {
+            result: Err(reason.error_body()),
+            outcome: Outcome::Unauthorized,
+        });
+    }
+    if now >= job.deadline {
+        return Started::Done(Finished::err(
+            ErrorCode::Timeout,
+            "timeout: the budget ran out before the handler started",
+            Outcome::Cancelled,
+        ));
+    }
+    let deadline = tokio::time::Instant::from_std(job.deadline);
+    let mut cx = Context {
+        sender,
+        req_id: job.req_id.clone(),
+        deadline,
+        extensions: dispatcher.extensions().clone(),
+        parent: parent.clone(),
+        cancel: None,
+    };
+    let handler = job.permit.handler().handler();
+    let mut future = match catch_unwind(AssertUnwindSafe(|| handler.start(&job.args, &mut cx))) {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => {
+            return Started::Done(Finished::err(
+                ErrorCode::BadArgs,
+                &format!("bad args: {e}"),
+                Outcome::BadArgs,
+            ));
+        }
+        Err(panic) => return Started::Done(Finished::panicked(panic.as_ref())),
+    };
+    match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(task))) {
+        Ok(Poll::Ready(r)) => Started::Done(Finished::from_handler(r)),
+        Err(panic) => Started::Done(Finished::panicked(panic.as_ref())),
+        Ok(Poll::Pending) => {
+            let token = cx.cancel.take().unwrap_or_else(|| parent.child_token());
+            let watch = token.clone();
+            let rest = async move {
+                tokio::select! {
+                    r = AssertUnwindSafe(future).catch_unwind() => match r {
+                        Ok(r) => Finished::from_handler(r),
+                        Err(panic) => Finished::panicked(panic.as_ref()),
+                    },
+                    () = watch.cancelled() => Finished::cancelled(),
+                    () = tokio::time::sleep_until(deadline) => {
+                        // `Meta::cancel` promises to fire at the deadline,
+                        // so work the handler handed off stops too.
+                        watch.cancel();
+                        Finished::err(
+                            ErrorCode::Timeout,
+                            "timeout: the handler ran out of its budget",
+                            Outcome::Cancelled,
+                        )
+                    }
+                }
+            };
+            Started::Waiting {
+                future: Box::pin(rest) as Pin<Box<dyn Future<Output = Finished> + Send>>,
+                token,
+            }
+        }
+    }
+}

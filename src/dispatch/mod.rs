@@ -1,0 +1,315 @@
+//! Dispatch of inbound control envelopes, in exactly this order:
+//!
+//! ```text
+//! header ─► control_auth_class ─► authorizer gate ─► kind ─► ledger ─► bounds ─► args ─► handler
+//!  (codec)    deny: unknown_verb     unauthorized     shape   duplicate  overloaded bad_args result
+//!                                                              replay    cancelled          (runtime
+//!                                                                                            encodes)
+//! ```
+//!
+//! [`Dispatcher::admit`] makes the decision up to the bounds and hands out
+//! a [`Job`]; [`job`] runs it (binding re-check, args decode, handler). The
+//! permit that lets a handler run comes only from [`capwire_authz::decide`].
+//! Nothing here does I/O: the session core calls `admit`, the connection
+//! driver runs the job.
+
+pub(crate) mod extract;
+pub(crate) mod handler;
+pub(crate) mod job;
+pub(crate) mod metrics;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use capwire_authz::{DenyReason, Gate, OwnedPermit, SharedBinding, decide};
+use capwire_envelope::{ControlRef, ErrorBody, ErrorCode, NodeId, ReqId};
+use capwire_manifest::{DeclaredClass, Registry, VerbKind};
+
+use crate::proto::ledger::{Check, Ledger, Partition};
+use extract::Extensions;
+use handler::RouteHandler;
+use metrics::{Metrics, Outcome};
+
+/// A request or notification the chokepoint allowed, ready to run.
+pub(crate) struct Job {
+    pub(crate) permit: OwnedPermit<RouteHandler>,
+    pub(crate) req_id: ReqId,
+    pub(crate) args: Bytes,
+    /// When the handler's budget runs out.
+    pub(crate) deadline: Instant,
+}
+
+impl Job {
+    /// The route's index in the registry.
+    pub(crate) fn route(&self) -> u32 {
+        self.permit.handler().index()
+    }
+
+    pub(crate) fn is_request(&self) -> bool {
+        !self.req_id.is_fire_and_forget()
+    }
+
+    /// The binding epoch a controller verb's answer belongs to.
+    pub(crate) fn answer_epoch(&self) -> Option<u64> {
+        (self.permit.class() == DeclaredClass::Controller).then(|| self.permit.binding_epoch())
+    }
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("cap", self.permit.info().cap())
+            .field("verb", self.permit.info().verb())
+            .field("req_id", &self.req_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to do with an inbound control envelope.
+#[derive(Debug)]
+pub(crate) enum Admit {
+    /// Answer the request with this error; nothing runs.
+    Answer(ErrorBody),
+    /// Send this remembered response frame again; nothing runs.
+    Replay(Bytes),
+    /// A notification that does not run; it is never answered.
+    Drop,
+    /// Run it (a notification may have to wait for a slot first).
+    Run(Job),
+}
+
+/// The chokepoint's consumer: the registry (never written after the node
+/// is built, so read without a lock), the authorizer gate, the binding,
+/// the replay ledger and the counters.
+pub(crate) struct Dispatcher {
+    registry: Arc<Registry<RouteHandler>>,
+    gate: Gate,
+    binding: Arc<SharedBinding>,
+    ledger: Ledger,
+    metrics: Metrics,
+    extensions: Arc<Extensions>,
+    max_handler_time: Duration,
+    shutting_down: AtomicBool,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("routes", &self.registry.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn deny_outcome(reason: &DenyReason) -> Outcome {
+    match reason {
+        DenyReason::Unauthorized { .. } => Outcome::Unauthorized,
+        _ => Outcome::UnknownVerb,
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher over `registry`. Gives every route its index.
+    ///
+    /// # Errors
+    /// A handler whose extractors cannot work with `extensions` (for
+    /// example a `State<T>` the node was not given), in words.
+    pub(crate) fn new(
+        registry: Arc<Registry<RouteHandler>>,
+        gate: Gate,
+        binding: Arc<SharedBinding>,
+        ledger: Ledger,
+        extensions: Arc<Extensions>,
+        max_handler_time: Duration,
+    ) -> Result<Self, String> {
+        for (i, route) in registry.routes().enumerate() {
+            let entry = route.dangerous_handler();
+            entry.set_index(u32::try_from(i).unwrap_or(u32::MAX));
+            entry.handler().check(&extensions).map_err(|e| {
+                format!(
+                    "handler of {}/{}: {e}",
+                    route.info().cap(),
+                    route.info().verb()
+                )
+            })?;
+        }
+        Ok(Self {
+            metrics: Metrics::for_registry(&registry),
+            registry,
+            gate,
+            binding,
+            ledger,
+            extensions,
+            max_handler_time,
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn registry(&self) -> &Registry<RouteHandler> {
+        &self.registry
+    }
+
+    pub(crate) fn binding(&self) -> &SharedBinding {
+        &self.binding
+    }
+
+    pub(crate) fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn extensions(&self) -> &Arc<Extensions> {
+        &self.extensions
+    }
+
+    /// From now on, new requests are answered `cancelled`.
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// Decides what becomes of one inbound control envelope from `sender`
+    /// (the channel's authenticated key). `record` is the received record
+    /// `c` was decoded from; `part` is the sender's ledger partition;
+    /// `room` says whether the session may start one more job now.
+    pub(crate) fn admit(
+        &self,
+        part: &Partition,
+        sender: &NodeId,
+        c: &ControlRef<'_>,
+        record: &Bytes,
+        now: Instant,
+        room: bool,
+    ) -> Admit {
+        let notification = c.req_id.is_fire_and_forget();
+        let binding = self.binding.snapshot();
+        let permit = match decide(&self.registry, &self.gate, &binding, sender, c.cap, c.verb)
+            .into_result()
+        {
+            Ok(p) => p.into_owned(),
+            Err(reason) => {
+                let outcome = deny_outcome(&reason);
+                match self.registry.lookup(c.cap, c.verb) {
+                    Some(route) => self
+                        .metrics
+                        .count(route.dangerous_handler().index(), outcome),
+                    None => self.metrics.count_unknown(),
+                }
+                tracing::debug!(
+                    peer = %sender, cap = c.cap, verb = c.verb, req_id = c.req_id.as_str(),
+                    decision = outcome.as_str(), reason = reason.label(), "envelope denied"
+                );
+                return if notification {
+                    Admit::Drop
+                } else {
+                    Admit::Answer(reason.error_body())
+                };
+            }
+        };
+        let route = permit.handler().index();
+        match (permit.info().kind(), notification) {
+            (VerbKind::Request, true) => {
+                // No req_id to answer on; refused and counted.
+                self.metrics.count(route, Outcome::WrongKind);
+                tracing::debug!(peer = %sender, cap = c.cap, verb = c.verb,
+                    "request verb sent as a notification: dropped");
+                return Admit::Drop;
+            }
+            (VerbKind::Notification, false) => {
+                self.metrics.count(route, Outcome::WrongKind);
+                return Admit::Answer(ErrorBody::new(
+                    ErrorCode::UnknownVerb,
+                    "unknown verb: this verb is a notification and takes no req_id",
+                ));
+            }
+            _ => {}
+        }
+        let args = record.slice_ref(c.args);
+        if notification {
+            if self.is_shutting_down() {
+                self.metrics.count(route, Outcome::Cancelled);
+                return Admit::Drop;
+            }
+            return Admit::Run(Job {
+                permit,
+                req_id: ReqId::EMPTY,
+                args,
+                deadline: deadline(now, None, self.max_handler_time),
+            });
+        }
+
+        // The ledger answers repeats and duplicates whatever the bounds.
+        let mut ledger = part.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (outcome, answer) = match ledger.check(&c.req_id, route, binding.epoch(), now) {
+            Check::Replay(frame) => {
+                self.metrics.count(route, Outcome::Replayed);
+                return Admit::Replay(frame);
+            }
+            Check::Running => (
+                Outcome::Duplicate,
+                "duplicate: a request with this req_id is still running",
+            ),
+            Check::OtherVerb => (
+                Outcome::Duplicate,
+                "duplicate: this req_id was used for another verb",
+            ),
+            Check::Forgotten => (
+                Outcome::Duplicate,
+                "duplicate: a request with this req_id was already answered",
+            ),
+            Check::Full => (
+                Outcome::Overloaded,
+                "overloaded: this sender's replay quota is used up; retry later",
+            ),
+            Check::New if self.is_shutting_down() => {
+                self.metrics.count(route, Outcome::Cancelled);
+                return Admit::Answer(ErrorBody::new(
+                    ErrorCode::Cancelled,
+                    "cancelled: the node is shutting down",
+                ));
+            }
+            Check::New if !room => (
+                Outcome::Overloaded,
+                "overloaded: too many requests in flight",
+            ),
+            Check::New if c.budget_ms == Some(0) => {
+                // Nothing could finish in no time: not run, not recorded.
+                self.metrics.count(route, Outcome::Cancelled);
+                return Admit::Answer(ErrorBody::new(
+                    ErrorCode::Timeout,
+                    "timeout: the request came with a budget of 0 ms",
+                ));
+            }
+            Check::New => {
+                ledger.begin(&c.req_id, route);
+                return Admit::Run(Job {
+                    permit,
+                    req_id: c.req_id.clone(),
+                    args,
+                    deadline: deadline(now, c.budget_ms, self.max_handler_time),
+                });
+            }
+        };
+        self.metrics.count(route, outcome);
+        let code = if outcome == Outcome::Overloaded {
+            ErrorCode::Overloaded
+        } else {
+            ErrorCode::Duplicate
+        };
+        Admit::Answer(ErrorBody::new(code, answer))
+    }
+}
+
+/// The handler's deadline: the caller's budget, at most `max`.
+fn deadline(now: Instant, budget_ms: Option<u64>, max: Duration) -> Instant {
+    let budget = budget_ms.map_or(max, |ms| Duration::from_millis(ms).min(max));
+    now.checked_add(budget)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
+}

@@ -1,0 +1,248 @@
+//! [`NodeBuilder`] and [`Capability`]: what a node is made of, checked when
+//! it starts.
+
+use std::sync::Arc;
+
+use capwire_authz::Authorizer;
+use capwire_envelope::NodeId;
+use capwire_manifest::{RegistryBuilder, Version};
+use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
+
+use crate::addr::Addr;
+use crate::config::Limits;
+use crate::dispatch::extract::Extensions;
+use crate::dispatch::handler::{Handler, RouteEntry, RouteHandler, Typed};
+use crate::error::NodeError;
+use crate::net::peers::Contact;
+use crate::node::Node;
+use crate::node::runtime::{self, Parts};
+
+/// An `app.*` capability with its typed handlers, ready to be added to a
+/// [`NodeBuilder`].
+///
+/// ```
+/// use capwire::{Capability, HandlerError};
+/// use capwire::manifest::verb;
+///
+/// verb! { pub struct Say: request "app.echo" / "say", Bootstrap, String => String; }
+///
+/// async fn say(text: String) -> Result<String, HandlerError> { Ok(text) }
+///
+/// let cap = Capability::new("app.echo", "1.0.0").unwrap().handle(Say, say);
+/// assert_eq!(cap.id(), "app.echo");
+/// ```
+pub struct Capability {
+    pub(crate) inner: capwire_manifest::Capability<RouteHandler>,
+}
+
+impl std::fmt::Debug for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capability")
+            .field("id", &self.inner.id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Capability {
+    /// A capability with a semver version and no verbs yet.
+    ///
+    /// # Errors
+    /// When `version` is not a semver version. The id is checked when the
+    /// node is built.
+    pub fn new(id: &str, version: &str) -> Result<Self, NodeError> {
+        let version = Version::parse(version)
+            .map_err(|e| NodeError::Config(format!("capability {id}: bad version: {e}")))?;
+        Ok(Self {
+            inner: capwire_manifest::Capability::new(id, version),
+        })
+    }
+
+    /// The capability id as given.
+    pub fn id(&self) -> &str {
+        self.inner.id()
+    }
+
+    /// Describes the capability's configuration (opaque text).
+    pub fn params(mut self, params: impl Into<String>) -> Self {
+        self.inner = self.inner.params(params);
+        self
+    }
+
+    /// Adds verb `V`, handled by `handler`: an async fn taking `V::Args` and
+    /// up to three extractors ([`Sender`](crate::Sender),
+    /// [`Meta`](crate::Meta), [`State`](crate::State),
+    /// [`NodeHandle`](crate::NodeHandle)).
+    pub fn handle<V, M, H>(mut self, _verb: V, handler: H) -> Self
+    where
+        V: capwire_manifest::VerbDef,
+        M: Send + Sync + 'static,
+        H: Handler<V, M>,
+    {
+        let route: RouteHandler = Arc::new(RouteEntry::new(Typed::<V, M, H>::new(handler)));
+        self.inner = self.inner.verb::<V>(route);
+        self
+    }
+
+    pub(crate) fn add_to(
+        self,
+        builder: RegistryBuilder<RouteHandler>,
+    ) -> RegistryBuilder<RouteHandler> {
+        builder.capability(self.inner)
+    }
+}
+
+/// Builds a [`Node`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), capwire::NodeError> {
+/// use capwire::Node;
+/// let node = Node::builder("my-app").listen("127.0.0.1:0".parse()?).start().await?;
+/// println!("{} listening on {:?}", node.id(), node.local_addrs());
+/// node.shutdown().await;
+/// # Ok(()) }
+/// ```
+pub struct NodeBuilder {
+    pub(crate) app_id: String,
+    pub(crate) name: Option<String>,
+    pub(crate) description: String,
+    pub(crate) keypair: Option<Keypair>,
+    pub(crate) listen: Vec<Addr>,
+    pub(crate) contacts: Vec<Contact>,
+    pub(crate) policy: ContactPolicy,
+    pub(crate) caps: Vec<Capability>,
+    pub(crate) limits: Limits,
+    pub(crate) transport: TransportConfig,
+    pub(crate) extensions: Extensions,
+    pub(crate) authorizer: Option<Arc<dyn Authorizer>>,
+    pub(crate) controller: Option<NodeId>,
+}
+
+impl std::fmt::Debug for NodeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeBuilder")
+            .field("app_id", &self.app_id)
+            .field("listen", &self.listen)
+            .field("contacts", &self.contacts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeBuilder {
+    pub(crate) fn new(app_id: String) -> Self {
+        Self {
+            app_id,
+            name: None,
+            description: String::new(),
+            keypair: None,
+            listen: Vec::new(),
+            contacts: Vec::new(),
+            policy: ContactPolicy::AcceptAny,
+            caps: Vec::new(),
+            limits: Limits::default(),
+            transport: TransportConfig::default(),
+            extensions: Extensions::default(),
+            authorizer: None,
+            controller: None,
+        }
+    }
+
+    /// Uses this identity (default: a fresh random keypair).
+    pub fn keypair(mut self, keypair: Keypair) -> Self {
+        self.keypair = Some(keypair);
+        self
+    }
+
+    /// A human-readable name (default: the app id).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// A human-readable description.
+    pub fn description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    /// Listens on this address (TCP or Unix); may be called several times.
+    pub fn listen(mut self, addr: Addr) -> Self {
+        self.listen.push(addr);
+        self
+    }
+
+    /// Adds a contact to keep a session with.
+    pub fn contact(mut self, contact: Contact) -> Self {
+        self.contacts.push(contact);
+        self
+    }
+
+    /// Who may finish a handshake with this node (default: anyone but itself).
+    pub fn contact_policy(mut self, policy: ContactPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Adds a capability with its handlers.
+    pub fn capability(mut self, cap: Capability) -> Self {
+        self.caps.push(cap);
+        self
+    }
+
+    /// Replaces the runtime limits.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Replaces the transport settings.
+    pub fn transport_config(mut self, config: TransportConfig) -> Self {
+        self.transport = config;
+        self
+    }
+
+    /// Makes `value` available to handlers through [`State<T>`](crate::State).
+    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.extensions.insert_app(value);
+        self
+    }
+
+    /// Replaces the authorizer of controller verbs (default: the sender
+    /// must be the bound control plane). It is consulted only for
+    /// controller verbs and only for the bound control plane; if it errors
+    /// or panics the envelope is denied.
+    pub fn authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
+        self.authorizer = Some(authorizer);
+        self
+    }
+
+    /// Starts already bound to this control plane (e.g. restored from storage).
+    pub fn bound_to(mut self, controller: NodeId) -> Self {
+        self.controller = Some(controller);
+        self
+    }
+
+    /// Builds the node, binds its listeners and starts accepting and dialling.
+    ///
+    /// # Errors
+    /// A registry invariant is broken, a handler needs state the node was
+    /// not given, a listener cannot bind, the keypair cannot be generated,
+    /// or a limit is invalid.
+    pub async fn start(self) -> Result<Node, NodeError> {
+        let listen = self.listen.clone();
+        let contacts = self.contacts.clone();
+        let node = Node {
+            rt: Arc::new(runtime::build(Parts::from_builder(self))?),
+        };
+        node.rt.spawn_background();
+        for addr in listen {
+            if let Err(e) = node.listen(addr).await {
+                node.shutdown().await;
+                return Err(e);
+            }
+        }
+        for contact in contacts {
+            node.add_contact(contact);
+        }
+        Ok(node)
+    }
+}

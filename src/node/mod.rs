@@ -1,0 +1,314 @@
+//! The node: the public handle of the composition root.
+
+pub(crate) mod builder;
+pub(crate) mod handle;
+pub(crate) mod runtime;
+pub(crate) mod shutdown;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capwire_envelope::NodeId;
+use capwire_manifest::Manifest;
+use capwire_transport::canonical_node_id;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+#[cfg(unix)]
+use tokio::net::UnixListener;
+
+use crate::addr::Addr;
+use crate::client::{Peer, deadline_after};
+use crate::dispatch::metrics::MetricsSnapshot;
+use crate::error::NodeError;
+use crate::net::dialer;
+use crate::net::listener::accept_loop;
+use crate::net::peers::Contact;
+use crate::proto::ledger::LedgerSizes;
+use builder::NodeBuilder;
+use handle::NodeHandle;
+use runtime::Runtime;
+
+/// A running capwire node. Cheap to clone; every clone is the same node.
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) rt: Arc<Runtime>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.rt.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Starts building a node for the application `app_id`.
+    pub fn builder(app_id: impl Into<String>) -> NodeBuilder {
+        NodeBuilder::new(app_id.into())
+    }
+
+    /// This node's identity.
+    pub fn id(&self) -> NodeId {
+        self.rt.id
+    }
+
+    /// The addresses this node listens on (with the ports actually bound).
+    pub fn local_addrs(&self) -> Vec<Addr> {
+        self.rt
+            .local_addrs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// This node's manifest: a plain local read.
+    pub fn manifest(&self) -> Manifest {
+        self.rt.control.manifest()
+    }
+
+    /// A copy of the per (cap, verb, outcome) counters.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.rt.dispatcher.metrics().snapshot()
+    }
+
+    /// The control plane this node is bound to, if any.
+    pub fn controller(&self) -> Option<NodeId> {
+        self.rt.control.binding().controller().copied()
+    }
+
+    /// The narrow handle handlers get (see [`NodeHandle`]).
+    pub fn handle(&self) -> NodeHandle {
+        self.rt.handle.clone()
+    }
+
+    /// The sizes of the replay ledger.
+    pub fn ledger_sizes(&self) -> LedgerSizes {
+        self.rt.dispatcher.ledger().sizes()
+    }
+
+    /// Calls waiting for an answer, over all sessions.
+    pub fn pending_calls(&self) -> usize {
+        self.rt.peers.sessions().iter().map(|s| s.pending_calls()).sum()
+    }
+
+    /// The peers' requests and notifications in flight here, over all
+    /// sessions (running, or answered and waiting for the wire).
+    pub fn inflight(&self) -> usize {
+        self.rt.peers.sessions().iter().map(|s| s.lock().inflight()).sum()
+    }
+
+    /// The peers with a live session.
+    pub fn connected_peers(&self) -> Vec<NodeId> {
+        self.rt.peers.connected()
+    }
+
+    /// Sessions counted against the (inbound, outbound, reserved) budgets.
+    pub fn session_budget_use(&self) -> (usize, usize, usize) {
+        self.rt.peers.budget_use()
+    }
+
+    /// Inbound handshakes that may start now.
+    pub fn available_handshake_slots(&self) -> usize {
+        self.rt.net.accept.available()
+    }
+
+    /// Inbound connections refused so far (accept rate or per-source bound).
+    pub fn refused_connections(&self) -> u64 {
+        self.rt.net.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Opens a pending bind: a control plane that presents the code within
+    /// 300 s (3 attempts) through `core.monitoring/bind` becomes this node's
+    /// controller. With `expected`, only that key (in any encoding) may bind.
+    ///
+    /// # Errors
+    /// The system random number generator failed.
+    pub fn invite(&self, expected: Option<NodeId>) -> Result<Invite, NodeError> {
+        let now = tokio::time::Instant::now().into_std();
+        let expected = expected.map(|e| canonical_node_id(&e));
+        let code = self.rt.control.open_pending(expected, now)?;
+        Ok(Invite {
+            node_id: self.rt.id,
+            addrs: self.local_addrs(),
+            code,
+        })
+    }
+
+    /// Unbinds the control plane, locally.
+    pub fn unbind(&self) -> Option<NodeId> {
+        self.rt
+            .control
+            .unbind(tokio::time::Instant::now().into_std())
+    }
+
+    /// Starts listening on another address; returns the bound address.
+    ///
+    /// # Errors
+    /// The address cannot be bound, or the node is shutting down.
+    pub async fn listen(&self, addr: Addr) -> Result<Addr, NodeError> {
+        if self.rt.peers.stopping().is_cancelled() {
+            return Err(NodeError::Shutdown);
+        }
+        let net = self.rt.net.clone();
+        let bound = match addr {
+            Addr::Tcp(sa) => {
+                let listener = TcpListener::bind(sa).await?;
+                let local = Addr::Tcp(listener.local_addr()?);
+                self.rt.tracker.spawn(accept_loop(net, listener));
+                local
+            }
+            #[cfg(unix)]
+            Addr::Unix(path) => {
+                let listener = UnixListener::bind(&path)?;
+                let socket_file = path.clone();
+                self.rt.tracker.spawn(async move {
+                    accept_loop(net, listener).await;
+                    // Leave the path free for the next node to listen on.
+                    let _ = std::fs::remove_file(&socket_file);
+                });
+                Addr::Unix(path)
+            }
+            #[cfg(not(unix))]
+            Addr::Unix(_) => {
+                return Err(NodeError::Config(
+                    "unix sockets are not supported here".into(),
+                ));
+            }
+        };
+        self.rt
+            .local_addrs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(bound.clone());
+        Ok(bound)
+    }
+
+    /// Serves one already-connected stream (e.g. one half of an in-memory
+    /// pair, or a simulated network's stream) as an inbound connection,
+    /// under the same handshake bounds as a listener's (but no per-source
+    /// bound: there is no address).
+    pub fn accept_stream<S>(&self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let net = self.rt.net.clone();
+        let Ok(permit) = net.accept.try_permit() else {
+            tracing::debug!("inbound stream refused: too many handshakes in progress");
+            self.rt.tracker.spawn(async move { capwire_transport::Endpoint::refuse_busy(stream).await });
+            return;
+        };
+        self.rt
+            .tracker
+            .spawn(async move { net.clone().serve_inbound(stream, permit).await });
+    }
+
+    /// Dials `addr` and returns the peer when its session is up, within
+    /// [`Limits::connect_timeout`](crate::Limits::connect_timeout). With
+    /// `expected`, the handshake must prove that key. A peer at capacity
+    /// ("busy") is retried after short pauses until the deadline.
+    ///
+    /// # Errors
+    /// The dial, the handshake or the hello exchange failed; the peer
+    /// refused the session ([`NodeError::Refused`]); the deadline passed.
+    pub async fn connect(&self, addr: &Addr, expected: Option<NodeId>) -> Result<Peer, NodeError> {
+        let session = dialer::dial(&self.rt.net, addr, expected).await?;
+        Ok(self.peer(session.remote()))
+    }
+
+    /// Connects over an already-open stream (e.g. one half of an in-memory
+    /// pair), as the dialling side.
+    ///
+    /// # Errors
+    /// The handshake or the hello exchange failed, or the peer refused the
+    /// session.
+    pub async fn connect_stream<S>(
+        &self,
+        stream: S,
+        expected: Option<NodeId>,
+    ) -> Result<Peer, NodeError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let deadline = deadline_after(self.rt.limits.connect_timeout);
+        let session = tokio::time::timeout_at(deadline, self.rt.net.connect_stream(stream, expected))
+            .await
+            .map_err(|_| NodeError::Timeout)??;
+        Ok(self.peer(session.remote()))
+    }
+
+    /// Adds a contact: the node keeps a session with it, redialling with
+    /// bounded exponential backoff whenever it drops. Contacts may use the
+    /// sessions kept in reserve when the budgets are used up.
+    pub fn add_contact(&self, mut contact: Contact) {
+        if self.rt.peers.stopping().is_cancelled() {
+            return;
+        }
+        contact.id = canonical_node_id(&contact.id);
+        self.rt.start_contact(contact);
+    }
+
+    /// The known contacts.
+    pub fn contacts(&self) -> Vec<Contact> {
+        self.rt.peers.contacts()
+    }
+
+    /// A handle to call `id` (any encoding of the key). Calls wait (within
+    /// their deadline) for a session when `id` is a contact being dialled.
+    pub fn peer(&self, id: NodeId) -> Peer {
+        self.rt.handle.peer(id)
+    }
+
+    /// Waits until a session with `id` is up, or `timeout` passes.
+    ///
+    /// # Errors
+    /// [`NodeError::Timeout`] when no session came up in time.
+    pub async fn wait_for_peer(&self, id: NodeId, timeout: Duration) -> Result<Peer, NodeError> {
+        let id = canonical_node_id(&id);
+        self.rt
+            .peers
+            .wait_session(&id, deadline_after(timeout))
+            .await
+            .map(|_| self.peer(id))
+            .ok_or(NodeError::Timeout)
+    }
+
+    /// Runs until `shutdown` resolves, then shuts down gracefully.
+    pub async fn run_until<F: Future<Output = ()>>(self, shutdown: F) {
+        shutdown.await;
+        self.shutdown().await;
+    }
+
+    /// Graceful shutdown: stops accepting and dialling, answers new requests
+    /// `cancelled`, lets running handlers finish for
+    /// [`Limits::shutdown_grace`](crate::Limits::shutdown_grace) and then
+    /// cancels them (their callers get `cancelled`), closes every session
+    /// with code `shutdown`, and waits for the node's tasks. It returns
+    /// within `shutdown_grace + close_timeout + 350 ms` whatever peers do.
+    pub async fn shutdown(&self) {
+        shutdown::shutdown(&self.rt).await;
+    }
+}
+
+/// What a control plane needs to bind a node: its id, addresses and the
+/// one-time code.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Invite {
+    /// The node's identity.
+    pub node_id: NodeId,
+    /// Where it listens.
+    pub addrs: Vec<Addr>,
+    /// The bind code.
+    pub code: String,
+}
+
+impl std::fmt::Debug for Invite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invite")
+            .field("node_id", &self.node_id)
+            .field("addrs", &self.addrs)
+            .field("code", &"<redacted>")
+            .finish()
+    }
+}

@@ -1,0 +1,139 @@
+//! The only place the runtime builds frames. Each function returns one
+//! encoded record, sized exactly, ready for the session's send queue.
+
+use bytes::Bytes;
+use capwire_envelope::{
+    CloseCode, EncodeError, ErrorBody, ErrorCode, Frame, Hello, Limits as WireLimits, RawValue,
+    ReqId, encode_cancel, encode_close, encode_control, encode_frame, encode_response_err,
+    encode_response_ok,
+};
+use capwire_manifest::Manifest;
+
+/// Bytes a response frame needs besides its result or error.
+const RESPONSE_OVERHEAD: usize = 48;
+
+fn frozen(out: Vec<u8>) -> Bytes {
+    Bytes::from(out)
+}
+
+/// A `hello` frame announcing `manifest` and `limits`.
+///
+/// # Errors
+/// The manifest does not encode in the strict profile.
+pub(crate) fn hello(manifest: &Manifest, limits: WireLimits) -> Result<Bytes, EncodeError> {
+    let manifest = RawValue::encode(manifest)?;
+    let mut out = Vec::with_capacity(manifest.as_bytes().len() + 96);
+    encode_frame(&Frame::Hello(Hello::new(manifest, limits)), &mut out)?;
+    Ok(frozen(out))
+}
+
+/// A `control` frame: a request (non-empty `req_id`) or a notification.
+///
+/// # Errors
+/// `cap` or `verb` longer than the frame allows, or `args` not one item
+/// of the strict profile.
+pub(crate) fn control(
+    cap: &str,
+    verb: &str,
+    req_id: &ReqId,
+    budget_ms: Option<u64>,
+    args: &[u8],
+) -> Result<Bytes, EncodeError> {
+    let mut out = Vec::with_capacity(64 + cap.len() + verb.len() + args.len());
+    encode_control(&mut out, cap, verb, req_id, budget_ms, args)?;
+    Ok(frozen(out))
+}
+
+/// The `response` frame to a request, at most `max_len` bytes: a result
+/// that does not encode is answered `internal`, one whose frame would be
+/// larger than `max_len` is answered `too_large`.
+pub(crate) fn response(
+    req_id: &ReqId,
+    result: &Result<RawValue, ErrorBody>,
+    max_len: usize,
+) -> Bytes {
+    let mut out = Vec::with_capacity(
+        RESPONSE_OVERHEAD
+            + match result {
+                Ok(v) => v.as_bytes().len(),
+                Err(e) => e.message.len() + e.detail.as_ref().map_or(0, |d| d.as_bytes().len()),
+            },
+    );
+    let encoded = match result {
+        Ok(value) => encode_response_ok(&mut out, req_id, value.as_bytes()),
+        Err(body) => encode_response_err(&mut out, req_id, body),
+    };
+    if encoded.is_err() {
+        return error(
+            req_id,
+            ErrorCode::Internal,
+            "internal: the response could not be encoded",
+        );
+    }
+    if out.len() > max_len {
+        return error(
+            req_id,
+            ErrorCode::TooLarge,
+            "too_large: the result is larger than the caller accepts",
+        );
+    }
+    frozen(out)
+}
+
+/// A failed `response` frame with `code` and `message`.
+pub(crate) fn error(req_id: &ReqId, code: ErrorCode, message: &str) -> Bytes {
+    error_body(req_id, &ErrorBody::new(code, message))
+}
+
+/// A failed `response` frame carrying `body`.
+pub(crate) fn error_body(req_id: &ReqId, body: &ErrorBody) -> Bytes {
+    let mut out = Vec::with_capacity(RESPONSE_OVERHEAD + body.message.len());
+    // Only an empty req_id fails, and requests never have one.
+    let _ = encode_response_err(&mut out, req_id, body);
+    frozen(out)
+}
+
+/// A `cancel` frame for one of our requests.
+pub(crate) fn cancel(req_id: &ReqId) -> Bytes {
+    let mut out = Vec::with_capacity(16 + req_id.as_str().len());
+    let _ = encode_cancel(&mut out, req_id);
+    frozen(out)
+}
+
+/// A `close` frame.
+pub(crate) fn close(code: CloseCode, reason: &str) -> Bytes {
+    let mut out = Vec::with_capacity(40 + reason.len().min(256));
+    encode_close(&mut out, code, reason);
+    frozen(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capwire_envelope::{FrameRef, decode_frame};
+
+    #[test]
+    fn oversize_results_become_too_large_and_the_frame_fits() {
+        let id = ReqId::from_u64(7);
+        let big = RawValue::encode(&"x".repeat(5000)).unwrap();
+        let frame = response(&id, &Ok(big), 1000);
+        assert!(frame.len() <= 1000);
+        let FrameRef::Response(r) = decode_frame(&frame).unwrap() else {
+            panic!("a response")
+        };
+        assert_eq!(r.outcome.unwrap_err().code, ErrorCode::TooLarge);
+    }
+
+    #[test]
+    fn every_frame_decodes() {
+        let id = ReqId::from_u64(1);
+        for frame in [
+            cancel(&id),
+            close(CloseCode::Shutdown, "bye"),
+            error(&id, ErrorCode::Overloaded, "busy"),
+            control("app.x", "y", &id, Some(5), &[0xf6]).unwrap(),
+        ] {
+            decode_frame(&frame).unwrap();
+        }
+    }
+}
