@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capwire_envelope::{NodeId, RawValue, ReqId};
-use capwire_manifest::{CapRequirement, CapabilityManifest, Manifest, NotificationVerb, RequestVerb};
+use capwire_manifest::{
+    CapRequirement, CapabilityManifest, Manifest, NotificationVerb, RequestVerb,
+};
 use tokio::time::Instant;
 
 use crate::error::CallError;
@@ -154,7 +156,11 @@ impl Peer {
     /// # Errors
     /// No session could be had, the args do not encode, or the queue had
     /// no room within the deadline.
-    pub async fn notify<V: NotificationVerb>(&self, _verb: V, args: V::Args) -> Result<(), CallError> {
+    pub async fn notify<V: NotificationVerb>(
+        &self,
+        _verb: V,
+        args: V::Args,
+    ) -> Result<(), CallError> {
         let args = RawValue::encode(&args).map_err(|e| CallError::Encode(e.to_string()))?;
         self.notify_raw(V::CAP, V::VERB, &args).await
     }
@@ -225,7 +231,12 @@ impl Peer {
     ///
     /// # Errors
     /// As [`Peer::notify`].
-    pub async fn notify_raw(&self, cap: &str, verb: &str, args: &RawValue) -> Result<(), CallError> {
+    pub async fn notify_raw(
+        &self,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+    ) -> Result<(), CallError> {
         let deadline_at = deadline_after(self.default_deadline);
         let session = self.session(deadline_at).await?;
         let frame = codec::control(cap, verb, &ReqId::EMPTY, None, args.as_bytes())

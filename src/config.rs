@@ -129,9 +129,18 @@ impl Limits {
     pub fn validate(&self) -> Result<(), String> {
         let counts = [
             ("max_inflight_per_session", self.max_inflight_per_session),
-            ("max_pending_calls_per_session", self.max_pending_calls_per_session),
-            ("max_queued_bytes_per_session", self.max_queued_bytes_per_session),
-            ("max_parked_bytes_per_session", self.max_parked_bytes_per_session),
+            (
+                "max_pending_calls_per_session",
+                self.max_pending_calls_per_session,
+            ),
+            (
+                "max_queued_bytes_per_session",
+                self.max_queued_bytes_per_session,
+            ),
+            (
+                "max_parked_bytes_per_session",
+                self.max_parked_bytes_per_session,
+            ),
             ("replay_max_bytes", self.replay_max_bytes),
             ("replay_sender_max_bytes", self.replay_sender_max_bytes),
             ("max_inbound_sessions", self.max_inbound_sessions),

@@ -39,7 +39,10 @@ impl std::fmt::Debug for Control {
 }
 
 /// The hello frame for `manifest`.
-pub(crate) fn hello_for(manifest: &Manifest, limits: WireLimits) -> Result<bytes::Bytes, NodeError> {
+pub(crate) fn hello_for(
+    manifest: &Manifest,
+    limits: WireLimits,
+) -> Result<bytes::Bytes, NodeError> {
     codec::hello(manifest, limits)
         .map_err(|e| NodeError::Config(format!("the manifest does not encode: {e}")))
 }
@@ -97,7 +100,11 @@ impl Control {
     ///
     /// # Errors
     /// The system random number generator failed.
-    pub(crate) fn open_pending(&self, expected: Option<NodeId>, now: Instant) -> Result<String, NodeError> {
+    pub(crate) fn open_pending(
+        &self,
+        expected: Option<NodeId>,
+        now: Instant,
+    ) -> Result<String, NodeError> {
         let code = BindCode::random()?;
         let text = code.expose().to_owned();
         self.binding.create_pending(code, expected, now);
@@ -110,7 +117,12 @@ impl Control {
     ///
     /// # Errors
     /// Why it failed.
-    pub(crate) fn try_bind(&self, sender: &NodeId, code: &str, now: Instant) -> Result<Binding, BindFailure> {
+    pub(crate) fn try_bind(
+        &self,
+        sender: &NodeId,
+        code: &str,
+        now: Instant,
+    ) -> Result<Binding, BindFailure> {
         let result = self.binding.try_bind(sender, code, now);
         if matches!(
             result,

@@ -190,7 +190,9 @@ async fn no_response_frame_is_ever_sent_for_a_notification() {
     raw_peer.control("app.nope", "note", "", &raw("x")).await;
     raw_peer.control("app.echo", "note", "", &raw(&17u32)).await;
     raw_peer.control("app.echo", "fail", "", &raw("boom")).await;
-    raw_peer.control("app.echo", "fail", "", &raw("refuse")).await;
+    raw_peer
+        .control("app.echo", "fail", "", &raw("refuse"))
+        .await;
     raw_peer.control("app.echo", "admin", "", &raw("x")).await;
     // A request verb sent without req_id is refused, and not answered.
     raw_peer.control("app.echo", "say", "", &raw("x")).await;
@@ -201,7 +203,9 @@ async fn no_response_frame_is_ever_sent_for_a_notification() {
     })
     .await;
     assert_eq!(
-        server.metrics().count("app.echo", "say", Outcome::WrongKind),
+        server
+            .metrics()
+            .count("app.echo", "say", Outcome::WrongKind),
         1
     );
     assert_eq!(Counters::get(&counters.say), 0);

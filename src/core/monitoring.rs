@@ -8,9 +8,9 @@ use capwire_envelope::RawValue;
 use capwire_manifest::{BindArgs, BindReply, MonitoringBind, MonitoringDisable, NoArgs};
 
 use crate::control::Control;
+use crate::dispatch::extract::Sender;
 use crate::dispatch::extract::{Context, Extensions, FromContext};
 use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
-use crate::dispatch::extract::Sender;
 
 /// The node's binding and manifest, as the core capabilities see them.
 #[derive(Clone)]
@@ -76,7 +76,9 @@ pub(crate) fn bind_handler() -> RouteHandler {
 }
 
 pub(crate) fn disable_handler() -> RouteHandler {
-    Arc::new(RouteEntry::new(
-        Typed::<MonitoringDisable, (ControlHandle,), _>::new(disable),
-    ))
+    Arc::new(RouteEntry::new(Typed::<
+        MonitoringDisable,
+        (ControlHandle,),
+        _,
+    >::new(disable)))
 }

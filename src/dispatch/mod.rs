@@ -146,10 +146,6 @@ impl Dispatcher {
         })
     }
 
-    pub(crate) fn registry(&self) -> &Registry<RouteHandler> {
-        &self.registry
-    }
-
     pub(crate) fn binding(&self) -> &SharedBinding {
         &self.binding
     }
@@ -246,7 +242,9 @@ impl Dispatcher {
         }
 
         // The ledger answers repeats and duplicates whatever the bounds.
-        let mut ledger = part.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut ledger = part
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (outcome, answer) = match ledger.check(&c.req_id, route, binding.epoch(), now) {
             Check::Replay(frame) => {
                 self.metrics.count(route, Outcome::Replayed);

@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use capwire_envelope::CloseCode;
-use capwire_transport::{CloseCode as TransportClose, RecordDecoder, RecordEncoder, TransportError};
+use capwire_transport::{
+    CloseCode as TransportClose, RecordDecoder, RecordEncoder, TransportError,
+};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
@@ -241,7 +243,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                 return true;
             }
         }
-        if self.read_done || !self.wants_read {
+        // Records still waiting are handled before anything more is read.
+        if self.read_done || !self.wants_read || !self.records.is_empty() {
             return false;
         }
         self.make_room();
@@ -295,9 +298,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                 let records = std::mem::take(&mut self.records);
                 self.handle_batch(records, now);
                 let code = match e {
-                    TransportError::PeerMisbehaved(capwire_transport::Violation::RecordTooLarge) => {
-                        CloseCode::TooLarge
-                    }
+                    TransportError::PeerMisbehaved(
+                        capwire_transport::Violation::RecordTooLarge,
+                    ) => CloseCode::TooLarge,
                     _ => CloseCode::ProtocolError,
                 };
                 self.session.lock().close(code, &e.to_string(), true);
@@ -329,26 +332,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
             return false;
         }
         let records = std::mem::take(&mut self.records);
-        self.handle_batch(records, now);
-        true
+        self.handle_batch(records, now) > 0
     }
 
-    fn handle_batch(&mut self, mut records: Vec<Bytes>, now: Instant) {
+    /// Handles records in order while the core wants more; the rest wait
+    /// (in order) until it does again, so a peer that does not read what
+    /// it asked for gets no more answers queued than the bounds allow.
+    fn handle_batch(&mut self, mut records: Vec<Bytes>, now: Instant) -> usize {
         if records.is_empty() {
             self.records = records;
-            return;
+            return 0;
         }
         let dispatcher = &*self.env.dispatcher;
         let mut core = self.session.lock();
-        for record in records.drain(..) {
-            core.handle_record(now, record, dispatcher);
+        let mut handled = 0;
+        for record in &records {
+            if !core.wants_read() {
+                break;
+            }
+            core.handle_record(now, record.clone(), dispatcher);
+            handled += 1;
         }
         while let Some(e) = core.poll_event() {
             self.events.push(e);
         }
+        self.wants_read = core.wants_read();
         drop(core);
-        // Keep the vector's allocation for the next batch.
+        records.drain(..handled);
+        // What is left goes first next time; the vector's allocation is kept.
+        records.append(&mut self.records);
         self.records = records;
+        handled
     }
 
     // ---------------------------------------------------------------

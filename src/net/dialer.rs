@@ -80,11 +80,7 @@ pub(crate) async fn contact_loop(
     token: CancellationToken,
     reconnect: (Duration, Duration),
 ) {
-    let seed = u64::from_le_bytes(
-        contact.id.as_bytes()[..8]
-            .try_into()
-            .unwrap_or([1; 8]),
-    );
+    let seed = u64::from_le_bytes(contact.id.as_bytes()[..8].try_into().unwrap_or([1; 8]));
     let mut backoff = Backoff::new(reconnect.0, reconnect.1, seed);
     loop {
         if token.is_cancelled() {

@@ -194,7 +194,10 @@ pub(crate) async fn accept_loop<A: Acceptor>(net: Arc<Net>, listener: A) {
         };
         let Some(guard) = guard else {
             drop(permit);
-            tracing::debug!(?source, "connection refused: accept rate or per-source bound");
+            tracing::debug!(
+                ?source,
+                "connection refused: accept rate or per-source bound"
+            );
             net.metrics_refused();
             if let Ok(slot) = gate.refusals.clone().try_acquire_owned() {
                 net.tracker.spawn(async move {

@@ -117,13 +117,8 @@ impl Net {
         };
         let now = Session::now();
         let ledger = self.dispatcher.ledger().partition(remote);
-        let mut core = SessionCore::new(
-            remote,
-            self.peers.hello(),
-            self.session_limits,
-            ledger,
-            now,
-        );
+        let mut core =
+            SessionCore::new(remote, self.peers.hello(), self.session_limits, ledger, now);
         if slot.is_none() {
             let (code, reason) = if self.peers.stopping().is_cancelled() {
                 (CloseCode::Shutdown, "the node is shutting down")
@@ -179,7 +174,9 @@ impl Net {
         });
         match rx.await {
             Ok(Ok(session)) => Ok(session),
-            Ok(Err(Failure::Handshake(TransportError::Closed))) if self.peers.stopping().is_cancelled() => {
+            Ok(Err(Failure::Handshake(TransportError::Closed)))
+                if self.peers.stopping().is_cancelled() =>
+            {
                 Err(NodeError::Shutdown)
             }
             Ok(Err(Failure::Handshake(e))) => Err(NodeError::Transport(e)),

@@ -71,7 +71,9 @@ impl Drop for Slot {
 
 fn take(counter: &AtomicUsize, max: usize) -> bool {
     counter
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
         .is_ok()
 }
 
@@ -124,10 +126,6 @@ impl Peers {
         }
     }
 
-    pub(crate) fn local(&self) -> NodeId {
-        self.local
-    }
-
     pub(crate) fn stopping(&self) -> &CancellationToken {
         &self.stopping
     }
@@ -156,10 +154,7 @@ impl Peers {
 
     /// The live session with `id`, if any.
     pub(crate) fn session(&self, id: &NodeId) -> Option<Arc<Session>> {
-        lock(&self.table)
-            .get(id)
-            .filter(|s| !s.is_ended())
-            .cloned()
+        lock(&self.table).get(id).filter(|s| !s.is_ended()).cloned()
     }
 
     /// Every live session.
@@ -194,7 +189,10 @@ impl Peers {
     }
 
     pub(crate) fn contacts(&self) -> Vec<Contact> {
-        lock(&self.contacts).values().map(|(c, _)| c.clone()).collect()
+        lock(&self.contacts)
+            .values()
+            .map(|(c, _)| c.clone())
+            .collect()
     }
 
     /// Contacts and the bound control plane get the reserved slots.
@@ -254,7 +252,11 @@ impl Peers {
 
     /// Waits for a session with `id` until `deadline`. Returns at once with
     /// `None` when `id` is neither connected nor a contact being dialled.
-    pub(crate) async fn wait_session(&self, id: &NodeId, deadline: Instant) -> Option<Arc<Session>> {
+    pub(crate) async fn wait_session(
+        &self,
+        id: &NodeId,
+        deadline: Instant,
+    ) -> Option<Arc<Session>> {
         if let Some(s) = self.session(id) {
             return Some(s);
         }
@@ -304,7 +306,10 @@ impl SessionHooks for Peers {
                 let old = table.insert(remote, session.clone());
                 (session.clone(), old.filter(|o| o.id() != session.id()))
             } else {
-                let current = table.get(&remote).cloned().unwrap_or_else(|| session.clone());
+                let current = table
+                    .get(&remote)
+                    .cloned()
+                    .unwrap_or_else(|| session.clone());
                 (current, None)
             }
         };

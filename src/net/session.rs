@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use bytes::Bytes;
-use capwire_envelope::{CloseCode, Limits as WireLimits, NodeId, ReqId};
+use capwire_envelope::{CloseCode, NodeId, ReqId};
 use capwire_manifest::Manifest;
 use futures_util::task::AtomicWaker;
 use tokio::sync::{Notify, oneshot};
@@ -139,16 +139,6 @@ impl Session {
     /// The peer's manifest as last received.
     pub(crate) fn manifest(&self) -> Option<Arc<Manifest>> {
         self.lock().peer_manifest().cloned()
-    }
-
-    /// The peer's limits.
-    pub(crate) fn peer_limits(&self) -> Option<WireLimits> {
-        self.lock().peer_limits()
-    }
-
-    /// The largest frame that can travel to the peer.
-    pub(crate) fn max_frame(&self) -> usize {
-        self.lock().max_frame()
     }
 
     /// Calls waiting for answers.

@@ -90,13 +90,33 @@ impl Node {
 
     /// Calls waiting for an answer, over all sessions.
     pub fn pending_calls(&self) -> usize {
-        self.rt.peers.sessions().iter().map(|s| s.pending_calls()).sum()
+        self.rt
+            .peers
+            .sessions()
+            .iter()
+            .map(|s| s.pending_calls())
+            .sum()
     }
 
     /// The peers' requests and notifications in flight here, over all
     /// sessions (running, or answered and waiting for the wire).
     pub fn inflight(&self) -> usize {
-        self.rt.peers.sessions().iter().map(|s| s.lock().inflight()).sum()
+        self.rt
+            .peers
+            .sessions()
+            .iter()
+            .map(|s| s.lock().inflight())
+            .sum()
+    }
+
+    /// Bytes of frames waiting to be sent, over all sessions.
+    pub fn queued_bytes(&self) -> usize {
+        self.rt
+            .peers
+            .sessions()
+            .iter()
+            .map(|s| s.lock().queued_bytes())
+            .sum()
     }
 
     /// The peers with a live session.
@@ -116,7 +136,10 @@ impl Node {
 
     /// Inbound connections refused so far (accept rate or per-source bound).
     pub fn refused_connections(&self) -> u64 {
-        self.rt.net.refused.load(std::sync::atomic::Ordering::Relaxed)
+        self.rt
+            .net
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Opens a pending bind: a control plane that presents the code within
@@ -196,7 +219,9 @@ impl Node {
         let net = self.rt.net.clone();
         let Ok(permit) = net.accept.try_permit() else {
             tracing::debug!("inbound stream refused: too many handshakes in progress");
-            self.rt.tracker.spawn(async move { capwire_transport::Endpoint::refuse_busy(stream).await });
+            self.rt
+                .tracker
+                .spawn(async move { capwire_transport::Endpoint::refuse_busy(stream).await });
             return;
         };
         self.rt
@@ -232,9 +257,10 @@ impl Node {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let deadline = deadline_after(self.rt.limits.connect_timeout);
-        let session = tokio::time::timeout_at(deadline, self.rt.net.connect_stream(stream, expected))
-            .await
-            .map_err(|_| NodeError::Timeout)??;
+        let session =
+            tokio::time::timeout_at(deadline, self.rt.net.connect_stream(stream, expected))
+                .await
+                .map_err(|_| NodeError::Timeout)??;
         Ok(self.peer(session.remote()))
     }
 

@@ -19,8 +19,7 @@ use capwire_authz::{Authorizer, BindingState, Gate, SharedBinding};
 use capwire_envelope::{Limits as WireLimits, NodeId};
 use capwire_manifest::{ManifestTracker, MonitoringHandlers, NodeInfo, Registry};
 use capwire_transport::{
-    ContactPolicy, Endpoint, EntropySource, Keypair, OsEntropy, TransportConfig,
-    canonical_node_id,
+    ContactPolicy, Endpoint, EntropySource, Keypair, OsEntropy, TransportConfig, canonical_node_id,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -28,7 +28,11 @@ pub(crate) const SLACK: Duration = Duration::from_millis(250);
 const POLL: Duration = Duration::from_millis(5);
 
 fn running(rt: &Runtime) -> usize {
-    rt.peers.sessions().iter().map(|s| s.lock().inflight()).sum()
+    rt.peers
+        .sessions()
+        .iter()
+        .map(|s| s.lock().running_jobs())
+        .sum()
 }
 
 async fn wait_idle(rt: &Runtime, until: Instant) {
@@ -55,7 +59,10 @@ pub(crate) async fn shutdown(rt: &Runtime) {
     rt.net.env.close_all.cancel();
     rt.tracker.close();
     let bound = rt.limits.close_timeout + SLACK;
-    if tokio::time::timeout(bound, rt.tracker.wait()).await.is_err() {
+    if tokio::time::timeout(bound, rt.tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(
             tasks = rt.tracker.len(),
             "shutdown: tasks still running after the close bound; leaving them"

@@ -37,10 +37,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use capwire_envelope::{NodeId, ReqId};
 
-/// Bytes charged for one live entry besides its response: the key, the
-/// map slot, the completion-order slot and the allocation headers. Checked
-/// against a counting allocator by a test below.
-pub(crate) const ENTRY_COST: usize = 224;
+/// Bytes charged for one live entry besides its response bytes: its map
+/// slot (with the table's control byte and load factor) and its
+/// completion-order slot, both counted twice since a table may have just
+/// doubled, plus the response buffer's sharing header and allocation slack.
+/// A test with a counting allocator checks it covers what the heap grows by.
+pub(crate) const ENTRY_COST: usize = 2 * ((std::mem::size_of::<(Key, Entry)>() + 1) * 8 / 7)
+    + 2 * std::mem::size_of::<(Instant, Key, u64)>()
+    + 48;
 /// Bytes charged for one forgotten entry kept as a digest.
 pub(crate) const DIGEST_COST: usize = 48;
 /// Bytes charged for one range of forgotten numeric ids.
@@ -161,7 +165,10 @@ impl Ledger {
         let mut map = lock(&self.partitions);
         for id in empty {
             // Two references: the map's and none other (ours was dropped).
-            if map.get(&id).is_some_and(|p| Arc::strong_count(p) == 1 && lock(p).is_empty()) {
+            if map
+                .get(&id)
+                .is_some_and(|p| Arc::strong_count(p) == 1 && lock(p).is_empty())
+            {
                 map.remove(&id);
             }
         }
@@ -185,15 +192,62 @@ impl Ledger {
     }
 }
 
-/// A request id as a map key: hashed by its text only.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Key(ReqId);
+/// Longest request id kept inline in a [`Key`].
+const INLINE: usize = 22;
+
+/// A request id as a map key, compact: ids of up to 22 bytes (every
+/// counter) are kept inline, longer ones on the heap. Hashed and compared
+/// by their text.
+#[derive(Debug, Clone)]
+enum Key {
+    Inline(u8, [u8; INLINE]),
+    Heap(Box<[u8]>),
+}
+
+impl Key {
+    fn new(id: &ReqId) -> Self {
+        let b = id.as_str().as_bytes();
+        if b.len() <= INLINE {
+            let mut buf = [0u8; INLINE];
+            buf[..b.len()].copy_from_slice(b);
+            // b.len() <= 22
+            Key::Inline(b.len() as u8, buf)
+        } else {
+            Key::Heap(b.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline(len, buf) => &buf[..usize::from(*len)],
+            Key::Heap(b) => b,
+        }
+    }
+
+    fn to_req_id(&self) -> ReqId {
+        std::str::from_utf8(self.as_bytes())
+            .ok()
+            .and_then(|s| ReqId::try_from(s).ok())
+            .unwrap_or(ReqId::EMPTY)
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Key {}
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write(self.0.as_str().as_bytes());
+        state.write(self.as_bytes());
     }
 }
+
+/// The binding epoch of a bootstrap verb's answer: none.
+const NO_EPOCH: u64 = u64::MAX;
 
 #[derive(Debug)]
 enum Entry {
@@ -202,8 +256,9 @@ enum Entry {
     },
     Done {
         route: u32,
-        /// For controller verbs, the binding epoch the answer belongs to.
-        epoch: Option<u64>,
+        /// For controller verbs, the binding epoch the answer belongs to;
+        /// [`NO_EPOCH`] for bootstrap verbs.
+        epoch: u64,
         seq: u64,
         response: Bytes,
     },
@@ -224,6 +279,9 @@ pub(crate) struct SenderLedger {
     bytes: usize,
     /// What this partition adds to `Totals::floor`.
     floor: usize,
+    /// Loop iterations spent on upkeep (tests check it stays linear).
+    #[cfg(test)]
+    work: usize,
 }
 
 impl Drop for SenderLedger {
@@ -245,6 +303,8 @@ impl SenderLedger {
             seq: 0,
             bytes: 0,
             floor: 0,
+            #[cfg(test)]
+            work: 0,
         };
         // A partition's own cost counts in bytes, not against admission.
         part.charge(PARTITION_COST as isize, 0);
@@ -272,9 +332,15 @@ impl SenderLedger {
 
     /// Looks up `req_id` for a request to `route`, under binding epoch
     /// `binding_epoch`. Expires old entries first.
-    pub(crate) fn check(&mut self, req_id: &ReqId, route: u32, binding_epoch: u64, now: Instant) -> Check {
+    pub(crate) fn check(
+        &mut self,
+        req_id: &ReqId,
+        route: u32,
+        binding_epoch: u64,
+        now: Instant,
+    ) -> Check {
         self.expire(now);
-        let key = Key(req_id.clone());
+        let key = Key::new(req_id);
         match self.live.get(&key) {
             Some(Entry::Running { route: r }) => {
                 return if *r == route {
@@ -292,7 +358,7 @@ impl SenderLedger {
                 if *r != route {
                     return Check::OtherVerb;
                 }
-                if epoch.is_none_or(|e| e == binding_epoch) {
+                if *epoch == NO_EPOCH || *epoch == binding_epoch {
                     return Check::Replay(response.clone());
                 }
                 // A controller answer from an earlier binding: forgotten,
@@ -305,11 +371,7 @@ impl SenderLedger {
                 }
             }
         }
-        if self.full() {
-            Check::Full
-        } else {
-            Check::New
-        }
+        if self.full() { Check::Full } else { Check::New }
     }
 
     /// Whether one more entry could exceed the quota even if every
@@ -322,9 +384,7 @@ impl SenderLedger {
 
     /// Records `req_id` as running (after [`check`](Self::check) said `New`).
     pub(crate) fn begin(&mut self, req_id: &ReqId, route: u32) {
-        let previous = self
-            .live
-            .insert(Key(req_id.clone()), Entry::Running { route });
+        let previous = self.live.insert(Key::new(req_id), Entry::Running { route });
         debug_assert!(previous.is_none());
         self.running += 1;
         self.charge(ENTRY_COST as isize, DIGEST_COST as isize);
@@ -340,7 +400,7 @@ impl SenderLedger {
         response: Bytes,
         now: Instant,
     ) {
-        let key = Key(req_id.clone());
+        let key = Key::new(req_id);
         let Some(Entry::Running { .. }) = self.live.get(&key) else {
             return;
         };
@@ -352,7 +412,7 @@ impl SenderLedger {
             key.clone(),
             Entry::Done {
                 route,
-                epoch,
+                epoch: epoch.unwrap_or(NO_EPOCH),
                 seq,
                 response,
             },
@@ -365,7 +425,7 @@ impl SenderLedger {
     /// Forgets a running request that will not finish here (it was never
     /// started). Leaves no trace, so the same request may come again.
     pub(crate) fn abandon(&mut self, req_id: &ReqId) {
-        let key = Key(req_id.clone());
+        let key = Key::new(req_id);
         if let Some(Entry::Running { .. }) = self.live.get(&key) {
             self.live.remove(&key);
             self.running = self.running.saturating_sub(1);
@@ -377,6 +437,10 @@ impl SenderLedger {
     /// their requests known.
     fn make_room(&mut self) {
         loop {
+            #[cfg(test)]
+            {
+                self.work += 1;
+            }
             let over_own = self.bytes > self.limits.sender_max_bytes;
             let over_all = self.totals.bytes.load(Ordering::Relaxed) > self.limits.max_bytes;
             if !(over_own || over_all) {
@@ -385,12 +449,14 @@ impl SenderLedger {
             let Some((at, key, seq)) = self.done.pop_front() else {
                 return;
             };
-            if let Some(Entry::Done { seq: s, response, .. }) = self.live.get(&key)
+            if let Some(Entry::Done {
+                seq: s, response, ..
+            }) = self.live.get(&key)
                 && *s == seq
             {
                 let freed = (ENTRY_COST + response.len()) as isize;
                 self.live.remove(&key);
-                let added = self.forgotten.insert(&key.0, at);
+                let added = self.forgotten.insert(&key.to_req_id(), at);
                 // Its floor share moves from the live entry to the
                 // forgotten one.
                 self.charge(added - freed, added - DIGEST_COST as isize);
@@ -413,6 +479,10 @@ impl SenderLedger {
     pub(crate) fn expire(&mut self, now: Instant) {
         let window = self.limits.window;
         while let Some((at, _, _)) = self.done.front() {
+            #[cfg(test)]
+            {
+                self.work += 1;
+            }
             if now.saturating_duration_since(*at) < window {
                 break;
             }
@@ -640,13 +710,21 @@ mod tests {
             a.check(&id(1), ROUTE, 0, t),
             Check::Replay(Bytes::from_static(b"resp"))
         );
-        assert_eq!(a.check(&id(1), 2, 0, t), Check::OtherVerb, "never another verb's result");
+        assert_eq!(
+            a.check(&id(1), 2, 0, t),
+            Check::OtherVerb,
+            "never another verb's result"
+        );
         assert_eq!(a.running(), 0);
         a.abandon(&id(9));
         assert_eq!(a.check(&id(9), ROUTE, 0, t), Check::New);
         a.begin(&id(9), ROUTE);
         a.abandon(&id(9));
-        assert_eq!(a.check(&id(9), ROUTE, 0, t), Check::New, "abandoned leaves no trace");
+        assert_eq!(
+            a.check(&id(9), ROUTE, 0, t),
+            Check::New,
+            "abandoned leaves no trace"
+        );
     }
 
     #[test]
@@ -669,7 +747,12 @@ mod tests {
         let ledger = Ledger::new(limits(16 * 1024, 1 << 30));
         let t = Instant::now();
         let victim = ledger.partition(NodeId::from_bytes([1; 32]));
-        run(&mut victim.lock().unwrap(), &named("victim-1"), b"answer", t);
+        run(
+            &mut victim.lock().unwrap(),
+            &named("victim-1"),
+            b"answer",
+            t,
+        );
         let flooder = ledger.partition(NodeId::from_bytes([2; 32]));
         {
             let mut f = flooder.lock().unwrap();
@@ -693,7 +776,10 @@ mod tests {
             assert_eq!(f.check(&named("x0"), ROUTE, 0, t), Check::Forgotten);
         }
         assert_eq!(
-            victim.lock().unwrap().check(&named("victim-1"), ROUTE, 0, t),
+            victim
+                .lock()
+                .unwrap()
+                .check(&named("victim-1"), ROUTE, 0, t),
             Check::Replay(Bytes::from_static(b"answer")),
             "the victim's entry survives the flood"
         );
@@ -713,7 +799,10 @@ mod tests {
         assert!(p.bytes() <= 64 * 1024);
         assert_eq!(p.forgotten.ranges.len(), 1);
         assert_eq!(p.check(&id(start), ROUTE, 0, t), Check::Forgotten);
-        assert_eq!(p.check(&id(start + 49_999), ROUTE, 0, t).clone(), Check::Replay(Bytes::from_static(b"a small answer of some bytes")));
+        assert_eq!(
+            p.check(&id(start + 49_999), ROUTE, 0, t).clone(),
+            Check::Replay(Bytes::from_static(b"a small answer of some bytes"))
+        );
         assert_eq!(p.check(&id(start + 50_000), ROUTE, 0, t), Check::New);
     }
 
@@ -795,7 +884,31 @@ mod tests {
                 }
             }
         }
-        assert!(refused, "new senders are refused once the node budget is used");
+        assert!(
+            refused,
+            "new senders are refused once the node budget is used"
+        );
         assert!(ledger.totals.floor.load(Ordering::Relaxed) <= 64 * 1024 + DIGEST_COST);
+    }
+
+    #[test]
+    fn upkeep_is_linear_in_the_number_of_completions() {
+        // A quota that forces a release on nearly every completion.
+        let ledger = Ledger::new(limits(256 * 1024, 1 << 30));
+        let p = ledger.partition(NodeId::from_bytes([1; 32]));
+        let mut p = p.lock().unwrap();
+        let t = Instant::now();
+        const N: usize = 30_000;
+        for n in 0..N {
+            let r = id(n as u64);
+            assert_eq!(p.check(&r, ROUTE, 0, t), Check::New);
+            p.begin(&r, ROUTE);
+            p.complete(&r, ROUTE, None, Bytes::from_static(&[7; 300]), t);
+        }
+        assert!(
+            p.work <= 4 * N,
+            "upkeep took {} steps for {N} completions",
+            p.work
+        );
     }
 }

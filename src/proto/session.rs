@@ -114,7 +114,9 @@ pub(crate) enum End {
 
 #[derive(Debug)]
 enum Phase {
-    AwaitingHello { deadline: Instant },
+    AwaitingHello {
+        deadline: Instant,
+    },
     Open,
     /// A close frame is queued (or sent): nothing more is dispatched.
     Closing,
@@ -139,6 +141,8 @@ struct Queued {
     frame: Bytes,
     /// A response: its in-flight slot is freed once it is on its way.
     response: bool,
+    /// For one of our requests, its place in the order of calls.
+    call: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -164,7 +168,15 @@ pub(crate) struct SessionCore<W> {
     close: Option<Bytes>,
     close_sent: bool,
 
-    calls: HashMap<ReqId, W, RandomState>,
+    /// Our calls waiting for answers, with their place in the call order.
+    calls: HashMap<ReqId, (W, u64), RandomState>,
+    /// Calls numbered so far, and how many of them have been sent (the
+    /// queue is in order, so every call numbered up to it has gone).
+    calls_queued: u64,
+    calls_sent: u64,
+    /// Calls given up on before they were sent: their frames are dropped
+    /// instead of sent (and no cancel is needed).
+    withdrawn: Vec<u64>,
 
     /// The peer's requests running, by req_id: their job ids.
     running: HashMap<ReqId, u64, RandomState>,
@@ -218,6 +230,9 @@ impl<W> SessionCore<W> {
             close: None,
             close_sent: false,
             calls: HashMap::default(),
+            calls_queued: 0,
+            calls_sent: 0,
+            withdrawn: Vec::new(),
             running: HashMap::default(),
             running_notifications: 0,
             answered: 0,
@@ -236,11 +251,6 @@ impl<W> SessionCore<W> {
     /// The peer's manifest, once its hello has arrived.
     pub(crate) fn peer_manifest(&self) -> Option<&Arc<Manifest>> {
         self.peer.as_ref().map(|p| &p.manifest)
-    }
-
-    /// The peer's announced limits, once its hello has arrived.
-    pub(crate) fn peer_limits(&self) -> Option<WireLimits> {
-        self.peer.as_ref().map(|p| p.limits)
     }
 
     pub(crate) fn is_open(&self) -> bool {
@@ -269,6 +279,11 @@ impl<W> SessionCore<W> {
     /// The peer's jobs in flight (running, or answered and not yet sent).
     pub(crate) fn inflight(&self) -> usize {
         self.running.len() + self.running_notifications + self.answered
+    }
+
+    /// The peer's jobs running now (answers waiting for the wire excluded).
+    pub(crate) fn running_jobs(&self) -> usize {
+        self.running.len() + self.running_notifications
     }
 
     /// Bytes waiting in the send queue.
@@ -303,17 +318,6 @@ impl<W> SessionCore<W> {
     /// Whether a caller waiting for room in the send queue may retry.
     pub(crate) fn has_room(&self) -> bool {
         self.queued_bytes < self.limits.max_queued_bytes || self.is_closing()
-    }
-
-    /// Whether anything waits to be sent.
-    pub(crate) fn has_transmit(&self) -> bool {
-        if self.close_sent || self.is_ended() {
-            return false;
-        }
-        self.hello.is_some()
-            || !self.cancels.is_empty()
-            || !self.queue.is_empty()
-            || self.close.is_some()
     }
 
     /// Whether our close frame has been handed to the transport: the
@@ -394,7 +398,8 @@ impl<W> SessionCore<W> {
         self.close = None;
         self.drop_queue();
         self.stop_work();
-        self.calls.drain().map(|(_, w)| w).collect()
+        self.withdrawn.clear();
+        self.calls.drain().map(|(_, (w, _))| w).collect()
     }
 
     fn drop_queue(&mut self) {
@@ -418,7 +423,12 @@ impl<W> SessionCore<W> {
 
     /// Queues one of our requests (already encoded as `frame`) with the
     /// value to hand back when its answer arrives.
-    pub(crate) fn call(&mut self, req_id: ReqId, frame: Bytes, waiter: W) -> Result<(), Refused<W>> {
+    pub(crate) fn call(
+        &mut self,
+        req_id: ReqId,
+        frame: Bytes,
+        waiter: W,
+    ) -> Result<(), Refused<W>> {
         if !self.is_open() {
             return Err(Refused::Closed);
         }
@@ -431,8 +441,14 @@ impl<W> SessionCore<W> {
         if self.queued_bytes + frame.len() > self.limits.max_queued_bytes && self.queued_bytes > 0 {
             return Err(Refused::Full(waiter));
         }
-        self.calls.insert(req_id, waiter);
-        self.push(frame, false);
+        self.calls_queued += 1;
+        self.calls.insert(req_id, (waiter, self.calls_queued));
+        self.queued_bytes += frame.len();
+        self.queue.push_back(Queued {
+            frame,
+            response: false,
+            call: Some(self.calls_queued),
+        });
         Ok(())
     }
 
@@ -452,12 +468,15 @@ impl<W> SessionCore<W> {
     }
 
     /// Gives up on one of our calls (its deadline passed, or its future
-    /// was dropped): it is forgotten and a cancel goes to the peer. The
-    /// cancel is always queued, whatever the send queue holds; until it is
-    /// sent it counts against the pending-call bound.
+    /// was dropped): it is forgotten, and the peer is told. A request not
+    /// sent yet is withdrawn (never sent); for one already sent, a cancel
+    /// is queued ahead of everything else, whatever the send queue holds,
+    /// and counts against the pending-call bound until it is sent.
     pub(crate) fn abandon(&mut self, req_id: &ReqId) -> Option<W> {
-        let waiter = self.calls.remove(req_id)?;
-        if self.is_open() {
+        let (waiter, seq) = self.calls.remove(req_id)?;
+        if seq > self.calls_sent {
+            self.withdrawn.push(seq);
+        } else if self.is_open() {
             self.cancels.push_back(req_id.clone());
         }
         Some(waiter)
@@ -465,7 +484,11 @@ impl<W> SessionCore<W> {
 
     fn push(&mut self, frame: Bytes, response: bool) {
         self.queued_bytes += frame.len();
-        self.queue.push_back(Queued { frame, response });
+        self.queue.push_back(Queued {
+            frame,
+            response,
+            call: None,
+        });
     }
 
     // ---------------------------------------------------------------
@@ -505,6 +528,13 @@ impl<W> SessionCore<W> {
             self.queued_bytes -= q.frame.len();
             if q.response {
                 freed += 1;
+            }
+            if let Some(seq) = q.call {
+                self.calls_sent = seq;
+                if let Some(i) = self.withdrawn.iter().position(|w| *w == seq) {
+                    self.withdrawn.swap_remove(i);
+                    continue;
+                }
             }
             sent += q.frame.len();
             if let Err(e) = sink(&q.frame) {
@@ -576,7 +606,7 @@ impl<W> SessionCore<W> {
             }
             FrameRef::Response(r) => {
                 // A late answer to a call we gave up on is ignored.
-                if let Some(waiter) = self.calls.remove(&r.req_id) {
+                if let Some((waiter, _)) = self.calls.remove(&r.req_id) {
                     let reply = match r.outcome {
                         Ok(raw) => Reply::Ok(record.slice_ref(raw)),
                         Err(body) => Reply::Err(body),
@@ -612,7 +642,10 @@ impl<W> SessionCore<W> {
     /// Checks a hello; `Ok(true)` when it was taken (the first one, or a
     /// newer manifest), `Ok(false)` when it was ignored (an epoch not newer
     /// than the one held).
-    fn accept_hello(&mut self, hello: &capwire_envelope::HelloRef<'_>) -> Result<bool, (CloseCode, String)> {
+    fn accept_hello(
+        &mut self,
+        hello: &capwire_envelope::HelloRef<'_>,
+    ) -> Result<bool, (CloseCode, String)> {
         if hello.protocol != PROTOCOL_VERSION {
             return Err((
                 CloseCode::UnsupportedProtocol,
@@ -694,7 +727,13 @@ impl<W> SessionCore<W> {
             self.ledger
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .complete(&ticket.req_id, ticket.route, ticket.epoch, frame.clone(), now);
+                .complete(
+                    &ticket.req_id,
+                    ticket.route,
+                    ticket.epoch,
+                    frame.clone(),
+                    now,
+                );
             if self.running.get(&ticket.req_id) == Some(&ticket.id) {
                 self.running.remove(&ticket.req_id);
             }
@@ -753,7 +792,11 @@ pub(crate) mod tests {
         Ok(())
     }
 
-    fn route<V: capwire_manifest::VerbDef, M: 'static, H: crate::dispatch::handler::Handler<V, M>>(
+    fn route<
+        V: capwire_manifest::VerbDef,
+        M: 'static,
+        H: crate::dispatch::handler::Handler<V, M>,
+    >(
         h: H,
     ) -> RouteHandler {
         Arc::new(RouteEntry::new(Typed::<V, M, H>::new(h)))
@@ -807,7 +850,10 @@ pub(crate) mod tests {
     pub(crate) fn peer_hello(node: NodeId, epoch: u64) -> Bytes {
         let manifest = Registry::builder(
             NodeInfo::new(node, "peer"),
-            MonitoringHandlers { bind: (), disable: () },
+            MonitoringHandlers {
+                bind: (),
+                disable: (),
+            },
         )
         .build()
         .unwrap()
@@ -839,10 +885,21 @@ pub(crate) mod tests {
     }
 
     fn control(cap: &str, verb: &str, req: &str, args: &impl serde::Serialize) -> Bytes {
-        let req = if req.is_empty() { ReqId::EMPTY } else { ReqId::try_from(req).unwrap() };
+        let req = if req.is_empty() {
+            ReqId::EMPTY
+        } else {
+            ReqId::try_from(req).unwrap()
+        };
         let mut out = Vec::new();
-        encode_control(&mut out, cap, verb, &req, None, RawValue::encode(args).unwrap().as_bytes())
-            .unwrap();
+        encode_control(
+            &mut out,
+            cap,
+            verb,
+            &req,
+            None,
+            RawValue::encode(args).unwrap().as_bytes(),
+        )
+        .unwrap();
         out.into()
     }
 
@@ -900,9 +957,15 @@ pub(crate) mod tests {
         let d = dispatcher();
         let now = Instant::now();
         for (record, code) in [
-            (control("app.t", "echo", "1", &"x"), CloseCode::ProtocolError),
+            (
+                control("app.t", "echo", "1", &"x"),
+                CloseCode::ProtocolError,
+            ),
             (Bytes::from_static(b"\xff"), CloseCode::ProtocolError),
-            (peer_hello(NodeId::from_bytes([3; 32]), 1), CloseCode::ProtocolError),
+            (
+                peer_hello(NodeId::from_bytes([3; 32]), 1),
+                CloseCode::ProtocolError,
+            ),
         ] {
             let mut c = core(&d, now);
             c.handle_record(now, record, &d);
@@ -921,7 +984,9 @@ pub(crate) mod tests {
         hello[pos] = 0x02;
         c.handle_record(now, hello.into(), &d);
         let frames = sent(&mut c);
-        assert!(matches!(frames.last(), Some(Frame::Close(close)) if close.code == CloseCode::UnsupportedProtocol));
+        assert!(
+            matches!(frames.last(), Some(Frame::Close(close)) if close.code == CloseCode::UnsupportedProtocol)
+        );
     }
 
     #[test]
@@ -947,7 +1012,11 @@ pub(crate) mod tests {
         assert_eq!(c.inflight(), 1);
         let (t, _) = jobs.pop().unwrap();
         c.finish(t, ok("hi"), now);
-        assert_eq!(c.inflight(), 1, "an answer waiting for the wire holds its slot");
+        assert_eq!(
+            c.inflight(),
+            1,
+            "an answer waiting for the wire holds its slot"
+        );
         let frames = sent(&mut c);
         assert_eq!(frames.len(), 1);
         assert_eq!(response(&frames[0]).req_id.as_str(), "r1");
@@ -961,7 +1030,10 @@ pub(crate) mod tests {
         c.handle_record(now, control("core.monitoring", "bind", "r1", &"x"), &d);
         for f in sent(&mut c) {
             let code = response(&f).outcome.clone().unwrap_err().code;
-            assert!(code == ErrorCode::Duplicate || code == ErrorCode::UnknownVerb, "{code}");
+            assert!(
+                code == ErrorCode::Duplicate || code == ErrorCode::UnknownVerb,
+                "{code}"
+            );
         }
     }
 
@@ -986,12 +1058,16 @@ pub(crate) mod tests {
         assert!(runs(&mut c).is_empty());
         assert!(c.wants_read(), "reading goes on while notifications wait");
         // A response to our own call still gets through.
-        c.call(ReqId::from_u64(7), control("app.t", "echo", "7", &"q"), 77).unwrap();
+        c.call(ReqId::from_u64(7), control("app.t", "echo", "7", &"q"), 77)
+            .unwrap();
         sent(&mut c);
         let mut resp = Vec::new();
         encode_response_ok(&mut resp, &ReqId::from_u64(7), &[0xf6]).unwrap();
         c.handle_record(now, resp.into(), &d);
-        assert!(matches!(c.poll_event(), Some(Event::Reply(77, Reply::Ok(_)))));
+        assert!(matches!(
+            c.poll_event(),
+            Some(Event::Reply(77, Reply::Ok(_)))
+        ));
         // Finishing one request and sending its answer starts the note.
         let mut jobs = jobs.into_iter();
         let (t, _) = jobs.next().unwrap();
@@ -1063,7 +1139,8 @@ pub(crate) mod tests {
         assert!(c.poll_event().is_none());
         assert!(c.is_open());
         // Our call, abandoned: its cancel goes out before anything else.
-        c.call(ReqId::from_u64(5), control("app.t", "echo", "5", &"x"), 5).unwrap();
+        c.call(ReqId::from_u64(5), control("app.t", "echo", "5", &"x"), 5)
+            .unwrap();
         sent(&mut c);
         assert_eq!(c.abandon(&ReqId::from_u64(5)), Some(5));
         assert_eq!(c.pending_calls(), 0);
@@ -1076,13 +1153,32 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_call_given_up_before_it_was_sent_is_never_sent() {
+        let d = dispatcher();
+        let now = Instant::now();
+        let mut c = open(&d, now);
+        c.call(ReqId::from_u64(1), control("app.t", "echo", "1", &"a"), 1)
+            .unwrap();
+        c.call(ReqId::from_u64(2), control("app.t", "echo", "2", &"b"), 2)
+            .unwrap();
+        assert_eq!(c.abandon(&ReqId::from_u64(1)), Some(1));
+        let frames = sent(&mut c);
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        assert!(matches!(&frames[0], Frame::Control(x) if x.req_id.as_str() == "2"));
+        assert_eq!(c.queued_bytes(), 0);
+    }
+
+    #[test]
     fn kinds_must_match() {
         let d = dispatcher();
         let now = Instant::now();
         let mut c = open(&d, now);
         c.handle_record(now, control("app.t", "echo", "", &"x"), &d);
         c.handle_record(now, control("app.t", "note", "n", &"x"), &d);
-        assert!(runs(&mut c).is_empty(), "no handler runs on a kind mismatch");
+        assert!(
+            runs(&mut c).is_empty(),
+            "no handler runs on a kind mismatch"
+        );
         let frames = sent(&mut c);
         assert_eq!(frames.len(), 1, "only the request-shaped frame is answered");
         assert_eq!(response(&frames[0]).req_id.as_str(), "n");
@@ -1093,7 +1189,8 @@ pub(crate) mod tests {
         let d = dispatcher();
         let now = Instant::now();
         let mut c = open(&d, now);
-        c.call(ReqId::from_u64(1), control("app.t", "echo", "1", &"x"), 1).unwrap();
+        c.call(ReqId::from_u64(1), control("app.t", "echo", "1", &"x"), 1)
+            .unwrap();
         c.close(CloseCode::Shutdown, "bye", false);
         let frames = sent(&mut c);
         assert!(matches!(frames[0], Frame::Control(_)));

@@ -566,3 +566,128 @@ impl Relay {
         self.task.await.unwrap();
     }
 }
+
+/// A peer that drives the record layer itself over a stream it holds, so
+/// a test decides exactly when it reads (a peer that stops reading stops
+/// taking bytes from the stream).
+pub struct ManualPeer<S> {
+    pub id: NodeId,
+    /// The transport close record, once it has arrived.
+    pub transport_close: Option<capwire::transport::CloseReason>,
+    stream: S,
+    encoder: capwire::transport::RecordEncoder,
+    decoder: capwire::transport::RecordDecoder,
+    buf: bytes::BytesMut,
+    _endpoint: Endpoint,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> ManualPeer<S> {
+    fn with(endpoint: Endpoint, est: capwire::transport::Established<S>) -> Self {
+        let id = endpoint.local_id();
+        let (encoder, decoder) = endpoint.record_layer(est.session);
+        Self {
+            id,
+            transport_close: None,
+            stream: est.stream,
+            encoder,
+            decoder,
+            buf: est.leftover,
+            _endpoint: endpoint,
+        }
+    }
+
+    /// Dials `node` over `stream` and sends a hello.
+    pub async fn dial(stream: S, node: NodeId) -> Self {
+        let mut peer = Self::dial_silent(stream, node).await;
+        let manifest = bare_manifest(peer.id);
+        peer.send(&record(&hello_frame(&manifest))).await;
+        peer
+    }
+
+    /// Dials `node` over `stream`; sends nothing yet.
+    pub async fn dial_silent(stream: S, node: NodeId) -> Self {
+        let keypair = Keypair::generate().unwrap();
+        let endpoint = Endpoint::new(
+            keypair,
+            TransportConfig::default(),
+            ContactPolicy::AcceptAny,
+        );
+        let est = endpoint
+            .handshake_initiator(stream, Some(node))
+            .await
+            .unwrap();
+        Self::with(endpoint, est)
+    }
+
+    /// Sends an empty transport message (a keepalive).
+    pub async fn keepalive(&mut self) {
+        use tokio::io::AsyncWriteExt;
+        self.encoder.keepalive().unwrap();
+        self.stream.write_all(self.encoder.wire()).await.unwrap();
+        self.encoder.consume_wire();
+    }
+
+    /// Answers `node`'s dial over `stream` and sends a hello.
+    pub async fn answer(stream: S) -> Self {
+        let keypair = Keypair::generate().unwrap();
+        let manifest = bare_manifest(keypair.public());
+        let endpoint = Endpoint::new(
+            keypair,
+            TransportConfig::default(),
+            ContactPolicy::AcceptAny,
+        );
+        let est = endpoint.handshake_responder(stream).await.unwrap();
+        let mut peer = Self::with(endpoint, est);
+        peer.send(&record(&hello_frame(&manifest))).await;
+        peer
+    }
+
+    /// Sends one record.
+    pub async fn send(&mut self, record: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.encoder.push_record(record).unwrap();
+        self.encoder.flush().unwrap();
+        self.stream.write_all(self.encoder.wire()).await.unwrap();
+        self.encoder.consume_wire();
+    }
+
+    /// Sends a control envelope.
+    pub async fn control(&mut self, cap: &str, verb: &str, req_id: &str, args: &RawValue) {
+        let req_id = if req_id.is_empty() {
+            ReqId::EMPTY
+        } else {
+            ReqId::try_from(req_id).unwrap()
+        };
+        let mut out = Vec::new();
+        encode_control(&mut out, cap, verb, &req_id, Some(30_000), args.as_bytes()).unwrap();
+        self.send(&out).await;
+    }
+
+    /// Reads until nothing arrives for `quiet`; returns the frames.
+    pub async fn read_for(&mut self, quiet: Duration) -> Vec<Frame> {
+        use tokio::io::AsyncReadExt;
+        let mut frames = Vec::new();
+        loop {
+            self.buf.reserve(64 * 1024);
+            let n = match tokio::time::timeout(quiet, self.stream.read_buf(&mut self.buf)).await {
+                Err(_) => return frames,
+                Ok(Ok(0) | Err(_)) => return frames,
+                Ok(Ok(n)) => n,
+            };
+            let _ = n;
+            let mut records = Vec::new();
+            let decoded = self.decoder.decode(&mut self.buf, &mut records);
+            for r in records {
+                frames.push(decode_frame(&r).unwrap().to_frame().unwrap());
+            }
+            match decoded {
+                Err(_) => return frames,
+                Ok(d) if d.close.is_some() => {
+                    self.transport_close = d.close;
+                    return frames;
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+}

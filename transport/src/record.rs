@@ -155,6 +155,12 @@ fn truncate_utf8(s: &str, max: usize) -> &str {
 /// sealed bytes ready for the stream, [`consume_wire`](Self::consume_wire)
 /// drops them once written. A message stays open (unsealed) until
 /// [`flush`](Self::flush) or until it is full.
+///
+/// [`push_record`](Self::push_record) copies a record into the buffer
+/// once (messages are then sealed in place); [`begin_record`](Self::begin_record)
+/// lets the caller write a record there directly instead. The buffer is
+/// allocated on demand, grows with what is buffered, and is freed by
+/// [`release_buffer`](Self::release_buffer) when the session goes quiet.
 pub struct RecordEncoder {
     sealer: Sealer,
     buf: Vec<u8>,
@@ -621,6 +627,14 @@ pub struct Decoded {
 /// Turns stream bytes back into records: checks each length prefix,
 /// authenticates and decrypts each message in place, reassembles split
 /// records, and stops at the close record. Any error is final.
+///
+/// Records that fit in one message are handed out without a copy (they
+/// share the caller's buffer). A split record is copied once, into a
+/// buffer of exactly its length: allocated when its first part arrives for
+/// records up to 1 MiB, and for longer ones only once half of it has
+/// arrived, so that an announced length alone never makes the decoder
+/// allocate much. Between parts the decoder holds nothing but the parts
+/// themselves.
 pub struct RecordDecoder {
     opener: Opener,
     /// A split record being reassembled.

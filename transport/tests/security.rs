@@ -1316,6 +1316,49 @@ async fn item13_shutdown_ends_within_its_bound_when_peers_never_read() {
     assert!(idle.sender().is_closed());
 }
 
+#[tokio::test(start_paused = true)]
+async fn item13_close_and_shutdown_are_bounded_over_tcp_when_the_peer_never_reads() {
+    let mut config = TransportConfig::default();
+    config.send_queue_depth = 4;
+    for step in ["close", "shutdown"] {
+        let ours = endpoint(config.clone(), ContactPolicy::AcceptAny);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let kp = Keypair::generate().unwrap();
+        let peer = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            SnowPeer::accept(stream, &kp.secret_bytes()).await
+        });
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let conn = ours.connect(stream, None).await.unwrap();
+        // A raw TCP socket whose reader does nothing from here on.
+        let _peer = peer.await.unwrap();
+        let big = bytes::Bytes::from(vec![0u8; 1 << 20]);
+        let mut queued = 0;
+        // Paused time moves only once every task waits: the socket buffers
+        // and our queue are full.
+        while tokio::time::timeout(Duration::from_secs(1), conn.send(big.clone()))
+            .await
+            .is_ok()
+        {
+            queued += 1;
+            assert!(queued < 1000, "memory must be bounded");
+        }
+        let start = tokio::time::Instant::now();
+        if step == "close" {
+            assert!(matches!(
+                conn.close("bye").await,
+                Err(TransportError::WriteTimeout)
+            ));
+            assert!(start.elapsed() <= ours.config().write_timeout);
+        } else {
+            ours.shutdown().await;
+            assert!(start.elapsed() <= capwire_transport::Endpoint::SHUTDOWN_GRACE);
+        }
+        assert!(conn.sender().is_closed(), "{step}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 14. RNG failure [abort; no fallback].
 
