@@ -241,17 +241,44 @@ async fn pipelined(p: &Pair, n: u64, window: usize) -> f64 {
 fn main() {
     let quick = std::env::args().any(|a| a == "--test" || a == "--quick");
     let scale: u64 = if quick { 100 } else { 1 };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = if std::env::var("CAPWIRE_BENCH_RT").as_deref() == Ok("current") {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
     // Everything runs on the runtime's workers, as in a real node, not on
     // the thread that blocks on the runtime.
     rt.block_on(async move { tokio::spawn(run(scale)).await.unwrap() });
 }
 
 async fn run(scale: u64) {
+    let only = std::env::var("CAPWIRE_BENCH_ONLY").unwrap_or_default();
+    if only == "rtt" {
+        let p = pair().await;
+        let n = std::env::var("CAPWIRE_BENCH_N")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200_000 / scale);
+        let t = capwire_rtt(&p, n).await;
+        if std::env::var_os("CAPWIRE_BENCH_NO_SNOW").is_some() {
+            println!("capwire rtt {:.1} us", per_op(t, n).as_secs_f64() * 1e6);
+            return;
+        }
+        let snow = snow_rtt(n / 4).await;
+        println!(
+            "capwire rtt {:.1} us, snow {:.1} us",
+            per_op(t, n).as_secs_f64() * 1e6,
+            per_op(snow, n / 4).as_secs_f64() * 1e6
+        );
+        return;
+    }
     {
         let rtt_n = 20_000 / scale;
         let tcp = best_of(3, rtt_n, raw_tcp_rtt).await;

@@ -197,7 +197,7 @@ impl Peer {
         // session.
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        let frame = codec::control(cap, verb, &req_id, Some(budget_ms), args.as_bytes())
+        let frame = codec::control(cap, verb, &req_id, Some(budget_ms), args)
             .map_err(|e| CallError::Encode(e.to_string()))?;
         let rx = session
             .call(req_id.clone(), frame, deadline_at)
@@ -212,9 +212,8 @@ impl Peer {
             Ok(Ok(reply)) => {
                 call.answered = true;
                 match reply {
-                    Reply::Ok(raw) => {
-                        RawValue::from_bytes(raw).map_err(|e| CallError::BadResult(e.to_string()))
-                    }
+                    // The frame decoder validated the result item.
+                    Reply::Ok(raw) => Ok(RawValue::dangerous_from_validated(raw)),
                     Reply::Err(body) => Err(CallError::from_remote(body)),
                 }
             }
@@ -239,7 +238,7 @@ impl Peer {
     ) -> Result<(), CallError> {
         let deadline_at = deadline_after(self.default_deadline);
         let session = self.session(deadline_at).await?;
-        let frame = codec::control(cap, verb, &ReqId::EMPTY, None, args.as_bytes())
+        let frame = codec::control(cap, verb, &ReqId::EMPTY, None, args)
             .map_err(|e| CallError::Encode(e.to_string()))?;
         session
             .notify(frame, deadline_at)

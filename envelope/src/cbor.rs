@@ -384,8 +384,13 @@ pub(crate) fn write_float(out: &mut Vec<u8>, v: f64) {
 }
 
 pub(crate) fn write_text(out: &mut Vec<u8>, s: &str) {
-    write_head(out, MAJOR_TEXT, s.len() as u64);
-    out.extend_from_slice(s.as_bytes());
+    write_text_bytes(out, s.as_bytes());
+}
+
+/// Writes `b`, which must be valid UTF-8, as a text string.
+pub(crate) fn write_text_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    write_head(out, MAJOR_TEXT, b.len() as u64);
+    out.extend_from_slice(b);
 }
 
 pub(crate) fn write_uint(out: &mut Vec<u8>, n: u64) {

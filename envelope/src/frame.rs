@@ -544,7 +544,7 @@ fn write_control(
     budget_ms: Option<u64>,
     args: &[u8],
 ) {
-    let req_id = req_id.as_str();
+    let req_id = req_id.as_bytes();
     out.reserve(64 + cap.len() + verb.len() + req_id.len() + args.len());
     cbor::write_map(out, 5 + usize::from(budget_ms.is_some()));
     write_type(out, FrameKind::Control);
@@ -553,13 +553,50 @@ fn write_control(
     cbor::write_text(out, "verb");
     cbor::write_text(out, verb);
     cbor::write_text(out, "req_id");
-    cbor::write_text(out, req_id);
+    cbor::write_text_bytes(out, req_id);
     if let Some(budget) = budget_ms {
         cbor::write_text(out, "budget_ms");
         cbor::write_uint(out, budget);
     }
     cbor::write_text(out, "args");
     out.extend_from_slice(args);
+}
+
+/// Encodes a control frame whose args are a [`RawValue`] (which is always
+/// in the strict profile, so it is not checked again), appending it to
+/// `out`.
+///
+/// # Errors
+/// [`EncodeError::StringTooLong`] for a long `cap` or `verb`. On error
+/// `out` is left as it was.
+pub fn encode_control_value(
+    out: &mut Vec<u8>,
+    cap: &str,
+    verb: &str,
+    req_id: &ReqId,
+    budget_ms: Option<u64>,
+    args: &RawValue,
+) -> Result<(), EncodeError> {
+    check_name("cap", cap)?;
+    check_name("verb", verb)?;
+    write_control(out, cap, verb, req_id, budget_ms, args.as_bytes());
+    Ok(())
+}
+
+/// Encodes a successful response whose result is a [`RawValue`] (not
+/// checked again), appending it to `out`.
+///
+/// # Errors
+/// [`EncodeError::InvalidId`] for an empty `req_id`. On error `out` is
+/// left as it was.
+pub fn encode_response_value(
+    out: &mut Vec<u8>,
+    req_id: &ReqId,
+    result: &RawValue,
+) -> Result<(), EncodeError> {
+    require_req_id(req_id)?;
+    write_response_ok(out, req_id, result.as_bytes());
+    Ok(())
 }
 
 /// Encodes a successful response, appending it to `out`. `result_raw` must
@@ -584,7 +621,7 @@ fn write_response_ok(out: &mut Vec<u8>, req_id: &ReqId, result: &[u8]) {
     cbor::write_map(out, 4);
     write_type(out, FrameKind::Response);
     cbor::write_text(out, "req_id");
-    cbor::write_text(out, req_id.as_str());
+    cbor::write_text_bytes(out, req_id.as_bytes());
     cbor::write_text(out, "ok");
     cbor::write_bool(out, true);
     cbor::write_text(out, "result");
@@ -611,7 +648,7 @@ fn write_response_err(out: &mut Vec<u8>, req_id: &ReqId, error: &ErrorBody) {
     cbor::write_map(out, 4);
     write_type(out, FrameKind::Response);
     cbor::write_text(out, "req_id");
-    cbor::write_text(out, req_id.as_str());
+    cbor::write_text_bytes(out, req_id.as_bytes());
     cbor::write_text(out, "ok");
     cbor::write_bool(out, false);
     cbor::write_text(out, "err");
@@ -635,7 +672,7 @@ pub fn encode_cancel(out: &mut Vec<u8>, req_id: &ReqId) -> Result<(), EncodeErro
     cbor::write_map(out, 2);
     write_type(out, FrameKind::Cancel);
     cbor::write_text(out, "req_id");
-    cbor::write_text(out, req_id.as_str());
+    cbor::write_text_bytes(out, req_id.as_bytes());
     Ok(())
 }
 

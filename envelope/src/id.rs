@@ -199,10 +199,18 @@ impl TryFrom<&str> for Verb {
 /// assert!(!id.is_fire_and_forget());
 /// assert!(ReqId::try_from("a\0b").is_err());
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ReqId(ReqIdRepr);
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Hashes the id's text only (the unused tail of the buffer is always
+/// zero, so equal ids hash alike).
+impl std::hash::Hash for ReqId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.as_bytes());
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct ReqIdRepr {
     len: u8,
     bytes: [u8; MAX_REQ_ID_LEN],
@@ -226,6 +234,11 @@ impl ReqId {
     pub fn as_str(&self) -> &str {
         // Only printable ASCII is ever stored, so this cannot fail.
         std::str::from_utf8(&self.0.bytes[..usize::from(self.0.len)]).unwrap_or("")
+    }
+
+    /// The id's bytes (printable ASCII).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0.bytes[..usize::from(self.0.len)]
     }
 
     /// A request id made from a counter, e.g. `ReqId::from_u64(7)` is `"7"`.

@@ -28,7 +28,8 @@ const SCRATCH: usize = 256;
 /// 64 bits, map keys other than integers and strings, duplicate keys, nesting
 /// deeper than [`MAX_DEPTH`](crate::MAX_DEPTH)).
 pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, EncodeError> {
-    let mut out = Vec::new();
+    // Most values are small: one allocation instead of a few doublings.
+    let mut out = Vec::with_capacity(64);
     encode_into(value, &mut out)?;
     Ok(out)
 }
@@ -168,6 +169,18 @@ impl RawValue {
     pub fn from_bytes(bytes: Bytes) -> Result<Self, DecodeError> {
         validate(&bytes)?;
         Ok(Self(bytes))
+    }
+
+    /// Wraps bytes that hold one data item already checked against the
+    /// strict profile (for example a slice of a record that
+    /// [`decode_frame`](crate::decode_frame) accepted), without checking
+    /// them again.
+    ///
+    /// Nothing unsafe happens if they do not: decoding stays memory-safe
+    /// and bounded, but the value may then not be in the strict profile, so
+    /// only pass bytes a decoder of this crate has validated.
+    pub fn dangerous_from_validated(bytes: Bytes) -> Self {
+        Self(bytes)
     }
 
     /// Copies an item that has already passed validation.

@@ -155,7 +155,7 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
     /// handler. A decode failure is `bad_args`.
     fn start(
         &self,
-        args: &[u8],
+        args: &RawValue,
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError>;
 
@@ -219,10 +219,10 @@ where
 {
     fn start(
         &self,
-        args: &[u8],
+        args: &RawValue,
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
-        let args: V::Args = capwire_envelope::from_slice(args)?;
+        let args: V::Args = args.decode()?;
         let fut = self.handler.call(args, cx);
         Ok(Box::pin(async move {
             let out = fut.await?;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use capwire_authz::{DenyReason, Gate, OwnedPermit, SharedBinding, decide};
-use capwire_envelope::{ControlRef, ErrorBody, ErrorCode, NodeId, ReqId};
+use capwire_envelope::{ControlRef, ErrorBody, ErrorCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{DeclaredClass, Registry, VerbKind};
 
 use crate::proto::ledger::{Check, Ledger, Partition};
@@ -36,7 +36,8 @@ use metrics::{Metrics, Outcome};
 pub(crate) struct Job {
     pub(crate) permit: OwnedPermit<RouteHandler>,
     pub(crate) req_id: ReqId,
-    pub(crate) args: Bytes,
+    /// The args item, validated by the frame decoder.
+    pub(crate) args: RawValue,
     /// When the handler's budget runs out.
     pub(crate) deadline: Instant,
 }
@@ -227,7 +228,7 @@ impl Dispatcher {
             }
             _ => {}
         }
-        let args = record.slice_ref(c.args);
+        let args = RawValue::dangerous_from_validated(record.slice_ref(c.args));
         if notification {
             if self.is_shutting_down() {
                 self.metrics.count(route, Outcome::Cancelled);

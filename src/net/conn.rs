@@ -1,27 +1,29 @@
-//! One task per connection: it owns the stream (both directions), the
-//! record layer and, through its [`Session`], the session core.
+//! One task per connection: its driver reads the stream, opens and
+//! reassembles records, feeds them to the session core, runs the jobs
+//! that finish at once, and writes what is queued.
 //!
 //! ```text
 //!            ┌──────────────────────── driver task ────────────────────────┐
 //!  socket ──►│ read ─► open/reassemble ─► core.handle_record ─► admit      │
 //!            │                                   │ Run: first poll inline  │──► handler task
 //!            │                                   │      (spawned if it     │    (only if it waits;
-//!            │                                   ▼       waits)            │     finish() wakes us)
-//!  socket ◄──│ write ◄─ seal/pack ◄─ core.transmit ◄─ queue ◄─ callers ────│◄── request / notify
-//!            └─────────────────────────────────────────────────────────────┘     (lock, push, wake)
+//!            │                                   ▼       waits)            │     its answer is
+//!  socket ◄──│ write ◄─ seal/pack ◄─ core.transmit ◄─ queue ◄─ callers ────│◄── written directly
+//!            └───────────────────────────────▲─────────────────────────────┘     or handed over)
+//!                                            └── request from a caller's task, writer idle:
+//!                                                sealed and written right there (no hand-off)
 //! ```
 //!
-//! Each pass reads what the socket has, handles every record, runs the
-//! jobs that finish at once, packs everything queued into as few Noise
-//! messages as fit and writes them: a frame produced on the driver (a
-//! response from a handler that did not wait) reaches the socket with no
-//! hand-off, one produced elsewhere with one (a wake).
+//! A frame produced on the driver (a response from a handler that did not
+//! wait) goes out in the same pass with no hand-off; one produced on
+//! another task is written from that task when the writer is idle, and
+//! otherwise handed to the driver with one wake-up.
 //!
 //! Timers: the peer's hello, our keepalive, the idle timeout, the write
 //! deadline (a peer that does not read), and the close deadline.
 
 use std::collections::HashMap;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -29,10 +31,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use capwire_envelope::CloseCode;
-use capwire_transport::{
-    CloseCode as TransportClose, RecordDecoder, RecordEncoder, TransportError,
-};
-use tokio::io::{AsyncRead, AsyncWrite};
+use capwire_transport::{CloseCode as TransportClose, RecordDecoder, TransportError};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -40,19 +39,20 @@ use tokio_util::task::TaskTracker;
 
 use crate::dispatch::Dispatcher;
 use crate::dispatch::job::{self, Finished, Started};
+use crate::net::io::{Reader, Writer};
 use crate::net::session::{Session, Waiter};
-use crate::proto::session::{End, Event};
+use crate::proto::session::{End, Event, Ticket};
 
-/// Unwritten wire bytes beyond which the driver packs no more records.
-const HIGH_WATER: usize = 256 * 1024;
 /// A fresh read buffer, for a quiet session.
 const READ_SMALL: usize = 4 * 1024;
 /// A read buffer for a busy one: a whole Noise message with its prefix.
 const READ_LARGE: usize = 66 * 1024;
 /// The driver makes room when less than this is free before a read.
 const READ_LOW_WATER: usize = 1024;
+/// Reads in one pass, at most.
+const READS_PER_PASS: usize = 16;
 /// Passes of the driver loop before it yields to other tasks.
-const PASSES: usize = 32;
+const PASSES: usize = 16;
 /// A quiet session returns its buffers after this long.
 const RELEASE_AFTER: Duration = Duration::from_secs(2);
 /// After its close, how long a side keeps reading (and discarding).
@@ -104,54 +104,42 @@ pub(crate) enum Failure {
 /// How the driver tells the dialler that the session opened (or not).
 pub(crate) type OpenedTx = oneshot::Sender<Result<Arc<Session>, Failure>>;
 
-/// The parts of a connection whose handshake has finished.
-pub(crate) struct Parts<S> {
-    pub(crate) stream: S,
-    pub(crate) encoder: RecordEncoder,
-    pub(crate) decoder: RecordDecoder,
-    pub(crate) leftover: BytesMut,
-}
-
 /// Drives one connection until it ends. `guard` (a session-budget slot)
 /// is held until then.
-pub(crate) async fn drive<S, G>(
+pub(crate) async fn drive<G: Send + 'static>(
     env: Arc<ConnEnv>,
     session: Arc<Session>,
-    parts: Parts<S>,
+    reader: Box<dyn Reader>,
+    decoder: RecordDecoder,
+    leftover: BytesMut,
     opened: Option<OpenedTx>,
     guard: G,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    G: Send + 'static,
-{
-    let now = Instant::now();
+) {
+    let now = Session::now();
     let close_signal = Box::pin(env.close_all.clone().cancelled_owned());
     let mut d = Driver {
         close_signal,
         close_requested: false,
         env,
         session,
-        stream: parts.stream,
-        enc: parts.encoder,
-        dec: parts.decoder,
-        rbuf: parts.leftover,
+        reader,
+        dec: decoder,
+        rbuf: leftover,
         records: Vec::new(),
         events: Vec::new(),
         finished: Vec::new(),
-        written: 0,
+        out: None,
         jobs: HashMap::new(),
         timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
         timer_at: None,
         last_rx: now,
-        last_tx: now,
         stalled_since: None,
         closing_since: None,
         linger_until: None,
         read_done: false,
-        transport_closed: false,
         shutdown_done: false,
         wants_read: true,
-        need_flush: false,
+        read_paused: false,
         pending_leftover: true,
         failed: false,
         opened,
@@ -161,47 +149,38 @@ pub(crate) async fn drive<S, G>(
     drop(guard);
 }
 
-struct Driver<S> {
+struct Driver {
     close_signal: Pin<Box<WaitForCancellationFutureOwned>>,
     close_requested: bool,
     env: Arc<ConnEnv>,
     session: Arc<Session>,
-    stream: S,
-    enc: RecordEncoder,
+    reader: Box<dyn Reader>,
     dec: RecordDecoder,
     rbuf: BytesMut,
     records: Vec<Bytes>,
     events: Vec<Event<Waiter>>,
-    finished: Vec<(crate::proto::session::Ticket, Option<Finished>)>,
-    /// Bytes of `enc.wire()` already written.
-    written: usize,
+    finished: Vec<(Ticket, Option<Finished>)>,
+    /// Sealed bytes the driver is writing, and how many are written.
+    out: Option<(Vec<u8>, usize)>,
     /// Tokens of request jobs running on their own tasks.
     jobs: HashMap<u64, CancellationToken>,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<tokio::time::Instant>,
     last_rx: Instant,
-    last_tx: Instant,
     stalled_since: Option<Instant>,
     closing_since: Option<Instant>,
     linger_until: Option<Instant>,
     read_done: bool,
-    transport_closed: bool,
     shutdown_done: bool,
     wants_read: bool,
-    need_flush: bool,
+    /// Reading stopped because the core was over a bound.
+    read_paused: bool,
     pending_leftover: bool,
     failed: bool,
     opened: Option<OpenedTx>,
 }
 
-fn transport_code(code: CloseCode) -> TransportClose {
-    match code {
-        CloseCode::Shutdown => TransportClose::Shutdown,
-        _ => TransportClose::Normal,
-    }
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
+impl Driver {
     fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         self.session.driver_waker().register(cx.waker());
         if !self.close_requested && self.close_signal.as_mut().poll(cx).is_ready() {
@@ -210,18 +189,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                 .lock()
                 .close(CloseCode::Shutdown, "the node is shutting down", false);
         }
+        let now = Session::now();
         for _ in 0..PASSES {
-            let now = tokio::time::Instant::now().into_std();
-            let mut progress = self.session.take_dirty();
-            progress |= self.read(cx, now);
-            progress |= self.handle_records(now);
-            progress |= self.handle_events(cx, now);
+            self.session.take_dirty();
+            let mut again = self.read(cx, now);
+            self.handle_events(cx, now);
             self.timers(now);
-            progress |= self.write(cx, now);
+            again |= self.write(cx, now);
+            if !self.events.is_empty() {
+                // Writing freed slots: notifications waiting for one start.
+                self.handle_events(cx, now);
+                again |= self.write(cx, now);
+            }
             if self.done(now) {
                 return Poll::Ready(());
             }
-            if !progress {
+            // Reading stopped at a bound that writing has lifted.
+            again |= self.wants_read
+                && !self.read_done
+                && (self.read_paused || !self.records.is_empty());
+            // Someone queued something while this pass ran: go again.
+            again |= self.session.take_dirty();
+            if !again {
                 self.arm_timer(cx, now);
                 return Poll::Pending;
             }
@@ -234,40 +223,54 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
     // ---------------------------------------------------------------
     // Reading
 
+    /// Reads until the stream has nothing more for now (so its readiness
+    /// is armed again), handling each batch of records as it arrives;
+    /// `true` when it stopped early and should be called again.
     fn read(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
         if self.pending_leftover {
             // Bytes that came with the last handshake message.
             self.pending_leftover = false;
             if !self.rbuf.is_empty() {
                 self.decode(now);
-                return true;
             }
         }
-        // Records still waiting are handled before anything more is read.
-        if self.read_done || !self.wants_read || !self.records.is_empty() {
-            return false;
-        }
-        self.make_room();
-        match tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.rbuf) {
-            Poll::Pending => false,
-            Poll::Ready(Ok(0)) => {
-                self.read_done = true;
-                let lost = !self.session.lock().is_closing();
-                if lost {
-                    self.lose(TransportError::PeerLost.to_string());
+        for _ in 0..READS_PER_PASS {
+            if !self.records.is_empty() {
+                self.handle_records(now);
+                self.handle_events(cx, now);
+                if !self.records.is_empty() {
+                    // Over a bound: the rest wait, and nothing more is read.
+                    return false;
                 }
-                true
             }
-            Poll::Ready(Ok(_)) => {
-                self.decode(now);
-                true
+            if self.read_done {
+                return false;
             }
-            Poll::Ready(Err(e)) => {
-                self.read_done = true;
-                self.lose(format!("read failed: {e}"));
-                true
+            if !self.wants_read {
+                self.read_paused = true;
+                return false;
+            }
+            self.read_paused = false;
+            self.make_room();
+            match self.reader.poll_read(cx, &mut self.rbuf) {
+                Poll::Pending => return false,
+                Poll::Ready(Ok(0)) => {
+                    self.read_done = true;
+                    let lost = !self.session.lock().is_closing();
+                    if lost {
+                        self.lose(TransportError::PeerLost.to_string());
+                    }
+                    return false;
+                }
+                Poll::Ready(Ok(_)) => self.decode(now),
+                Poll::Ready(Err(e)) => {
+                    self.read_done = true;
+                    self.lose(format!("read failed: {e}"));
+                    return false;
+                }
             }
         }
+        true
     }
 
     fn decode(&mut self, now: Instant) {
@@ -368,15 +371,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
     // ---------------------------------------------------------------
     // Events: jobs, answers, cancels
 
-    fn handle_events(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
-        let mut any = false;
+    fn handle_events(&mut self, cx: &mut Context<'_>, now: Instant) {
         loop {
             if self.events.is_empty() {
-                break;
+                let mut core = self.session.lock();
+                if !core.has_events() {
+                    return;
+                }
+                while let Some(e) = core.poll_event() {
+                    self.events.push(e);
+                }
             }
-            any = true;
             let closing = self.session.lock().is_closing();
-            for event in std::mem::take(&mut self.events) {
+            let mut events = std::mem::take(&mut self.events);
+            for event in events.drain(..) {
                 match event {
                     Event::Opened => self.opened(),
                     Event::ManifestChanged => self.env.hooks.manifest_changed(&self.session),
@@ -406,7 +414,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                         );
                         match started {
                             Started::Done(f) => {
-                                self.count(&job, &f);
+                                count(&self.env.dispatcher, &job, &f);
                                 self.finished.push((ticket, Some(f)));
                             }
                             Started::Waiting { future, token } => {
@@ -417,13 +425,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                                 let dispatcher = self.env.dispatcher.clone();
                                 self.env.tracker.spawn(async move {
                                     let f = future.await;
-                                    dispatcher.metrics().count(job.route(), f.outcome);
-                                    if let Err(e) = &f.result
-                                        && !job.is_request()
-                                    {
-                                        tracing::debug!(code = %e.code, message = %e.message,
-                                            "notification failed");
-                                    }
+                                    count(&dispatcher, &job, &f);
                                     session.finish(ticket, f);
                                 });
                             }
@@ -431,6 +433,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                     }
                 }
             }
+            // Keep the vector's allocation.
+            events.append(&mut self.events);
+            self.events = events;
             if !self.finished.is_empty() {
                 let mut core = self.session.lock();
                 for (ticket, f) in self.finished.drain(..) {
@@ -443,16 +448,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                     self.events.push(e);
                 }
             }
-        }
-        any
-    }
-
-    fn count(&self, job: &crate::dispatch::Job, f: &Finished) {
-        self.env.dispatcher.metrics().count(job.route(), f.outcome);
-        if let Err(e) = &f.result
-            && !job.is_request()
-        {
-            tracing::debug!(code = %e.code, message = %e.message, "notification failed");
         }
     }
 
@@ -475,28 +470,39 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
 
     fn timers(&mut self, now: Instant) {
         let timing = self.env.timing;
-        let mut core = self.session.lock();
-        if core.poll_timeout().is_some_and(|t| now >= t) {
-            core.handle_timeout(now);
+        if self
+            .timer_at
+            .is_some_and(|t| tokio::time::Instant::from_std(now) < t)
+        {
+            // Nothing is due before the armed timer.
+            return;
         }
-        if !core.is_closing() && now.saturating_duration_since(self.last_rx) >= timing.idle {
-            core.close(
+        let mut state = self.session.state();
+        if state.core.poll_timeout().is_some_and(|t| now >= t) {
+            state.core.handle_timeout(now);
+        }
+        if !state.core.is_closing() && now.saturating_duration_since(self.last_rx) >= timing.idle {
+            state.core.close(
                 CloseCode::IdleTimeout,
                 "nothing arrived within the idle timeout",
                 true,
             );
         }
-        if core.is_closing() && self.closing_since.is_none() {
+        if state.core.is_closing() && self.closing_since.is_none() {
             self.closing_since = Some(now);
         }
-        drop(core);
-        if self.enc.wire().len() == self.written
-            && !self.transport_closed
-            && now.saturating_duration_since(self.last_tx) >= timing.keepalive
-            && self.enc.keepalive().is_ok()
+        if !state.tx.busy
+            && !state.tx.transport_closed
+            && !state.tx.failed
+            && now.saturating_duration_since(state.tx.last_write) >= timing.keepalive
+            && state.tx.enc.keepalive().is_err()
         {
-            // Queued for the write below.
+            state.tx.failed = true;
         }
+        if !state.tx.busy && now.saturating_duration_since(state.tx.last_write) >= RELEASE_AFTER {
+            state.tx.enc.release_buffer();
+        }
+        drop(state);
         if self
             .stalled_since
             .is_some_and(|t| now.saturating_duration_since(t) >= timing.write_timeout)
@@ -515,11 +521,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
 
     fn arm_timer(&mut self, cx: &mut Context<'_>, now: Instant) {
         let timing = self.env.timing;
+        let (last_write, core_timeout, transport_closed) = {
+            let state = self.session.state();
+            (
+                state.tx.last_write,
+                state.core.poll_timeout(),
+                state.tx.transport_closed,
+            )
+        };
         let mut next = self.last_rx + timing.idle;
-        if !self.transport_closed {
-            next = next.min(self.last_tx + timing.keepalive);
+        if !transport_closed && self.out.is_none() {
+            next = next.min(last_write + timing.keepalive);
         }
-        if let Some(t) = self.session.lock().poll_timeout() {
+        if let Some(t) = core_timeout {
             next = next.min(t);
         }
         if let Some(t) = self.stalled_since {
@@ -535,12 +549,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
             next = next.min(self.last_rx + RELEASE_AFTER);
         }
         let next = tokio::time::Instant::from_std(next.max(now));
-        if self.timer_at != Some(next) {
+        // The timer is only moved earlier; a deadline that moved later is
+        // checked again when the timer fires.
+        if self
+            .timer_at
+            .is_none_or(|t| next < t || t <= tokio::time::Instant::from_std(now))
+        {
             self.timer.as_mut().reset(next);
             self.timer_at = Some(next);
         }
         if self.timer.as_mut().poll(cx).is_ready() {
-            // Already due: come back at once.
             self.timer_at = None;
             cx.waker().wake_by_ref();
         }
@@ -549,103 +567,102 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
     // ---------------------------------------------------------------
     // Writing
 
+    /// Writes what is queued; `true` when there may be more to write now.
     fn write(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
-        let mut progress = false;
-        if !self.transport_closed && !self.failed {
-            let unwritten = self.enc.wire().len() - self.written;
-            if unwritten < HIGH_WATER {
-                let enc = &mut self.enc;
-                let mut core = self.session.lock();
-                let sent = core.transmit(HIGH_WATER - unwritten, |r| enc.push_record(r));
-                let close = core.close_sent().then(|| match core.end_reason() {
-                    Some(End::Local(code, reason)) => (transport_code(*code), reason.clone()),
-                    _ => (TransportClose::Normal, String::new()),
-                });
-                self.wants_read = core.wants_read();
-                let room = core.has_room();
-                while let Some(e) = core.poll_event() {
-                    self.events.push(e);
-                }
-                drop(core);
-                match sent {
-                    Ok(n) if n > 0 => {
-                        progress = true;
-                        if room {
-                            self.session.room_freed();
-                        }
-                        if self.enc.flush().is_err() {
-                            self.failed = true;
-                        }
+        let io = self.session.writer().clone();
+        loop {
+            if self.failed {
+                return false;
+            }
+            if self.out.is_none() {
+                let mut state = self.session.state();
+                if let Some(handoff) = state.tx.handoff.take() {
+                    // A caller's direct write that did not finish.
+                    self.out = Some(handoff);
+                } else {
+                    match state.take_for_writing() {
+                        Ok(Some(buf)) => self.out = Some((buf, 0)),
+                        Ok(None) => {}
+                        Err(_) => self.failed = true,
                     }
-                    Ok(_) => {}
-                    Err(_) => self.failed = true,
                 }
-                if let Some((code, reason)) = close
-                    && !self.failed
-                {
-                    let _ = self.enc.close(code, &reason);
-                    self.transport_closed = true;
-                    progress = true;
+                self.wants_read = state.core.wants_read();
+                if self.closing_since.is_none() && state.core.is_closing() {
+                    self.closing_since = Some(now);
+                }
+                let room = state.core.has_room();
+                let busy_elsewhere = state.tx.busy && self.out.is_none();
+                let closed = state.tx.transport_closed;
+                if state.core.has_events() {
+                    while let Some(e) = state.core.poll_event() {
+                        self.events.push(e);
+                    }
+                }
+                drop(state);
+                if room {
+                    self.session.room_freed();
                 }
                 if self.failed {
                     self.lose("the record layer refused a record".into());
+                    return false;
+                }
+                if self.out.is_none() {
+                    if busy_elsewhere {
+                        // A caller is writing; it wakes us when done.
+                        return false;
+                    }
+                    if closed && !self.shutdown_done {
+                        return self.shutdown(cx, &io, now);
+                    }
+                    return !self.events.is_empty();
                 }
             }
-        }
-        while self.written < self.enc.wire().len() && !self.failed {
-            let wire = &self.enc.wire()[self.written..];
-            match Pin::new(&mut self.stream).poll_write(cx, wire) {
+            let Some((buf, off)) = self.out.as_mut() else {
+                return false;
+            };
+            match io.poll_write(cx, &buf[*off..]) {
                 Poll::Ready(Ok(0)) => {
                     self.failed = true;
                     self.lose("the stream accepts no more bytes".into());
+                    return false;
                 }
                 Poll::Ready(Ok(n)) => {
-                    self.written += n;
-                    self.last_tx = now;
+                    *off += n;
                     self.stalled_since = None;
-                    progress = true;
+                    if *off == buf.len()
+                        && let Some((buf, _)) = self.out.take()
+                    {
+                        self.session.state().done_writing(buf, now);
+                        // Flush what the stream may buffer (a no-op for sockets).
+                        if let Poll::Ready(Err(e)) = io.poll_flush(cx) {
+                            self.failed = true;
+                            self.lose(format!("flush failed: {e}"));
+                            return false;
+                        }
+                    }
                 }
                 Poll::Ready(Err(e)) => {
                     self.failed = true;
                     self.lose(format!("write failed: {e}"));
+                    return false;
                 }
                 Poll::Pending => {
                     self.stalled_since.get_or_insert(now);
-                    break;
+                    return false;
                 }
             }
         }
-        if self.written > 0 && self.written == self.enc.wire().len() {
-            self.enc.consume_wire();
-            self.written = 0;
-            self.need_flush = true;
-        }
-        if self.need_flush && !self.failed {
-            match Pin::new(&mut self.stream).poll_flush(cx) {
-                Poll::Ready(Ok(())) => self.need_flush = false,
-                Poll::Ready(Err(e)) => {
-                    self.failed = true;
-                    self.lose(format!("flush failed: {e}"));
-                }
-                Poll::Pending => {}
+    }
+
+    fn shutdown(&mut self, cx: &mut Context<'_>, io: &Arc<dyn Writer>, now: Instant) -> bool {
+        match io.poll_shutdown(cx) {
+            Poll::Ready(_) => {
+                self.shutdown_done = true;
+                self.linger_until = Some(now + LINGER);
+                true
             }
+            Poll::Pending => false,
         }
-        if self.transport_closed
-            && !self.shutdown_done
-            && !self.failed
-            && self.enc.wire().is_empty()
-            && !self.need_flush
-        {
-            match Pin::new(&mut self.stream).poll_shutdown(cx) {
-                Poll::Ready(_) => {
-                    self.shutdown_done = true;
-                    self.linger_until = Some(now + LINGER);
-                    progress = true;
-                }
-                Poll::Pending => {}
-            }
-        }
-        progress
     }
 
     // ---------------------------------------------------------------
@@ -662,12 +679,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
     }
 
     fn done(&mut self, now: Instant) -> bool {
-        let core = self.session.lock();
-        if core.is_ended() {
-            return true;
-        }
-        drop(core);
-        if self.failed {
+        if self.failed || self.session.lock().is_ended() {
             return true;
         }
         if let Some(t) = self.closing_since
@@ -718,5 +730,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                 .unwrap_or(End::Lost("the connection ended".into()));
             let _ = tx.send(Err(Failure::Ended(why)));
         }
+    }
+}
+
+fn count(dispatcher: &Dispatcher, job: &crate::dispatch::Job, f: &Finished) {
+    dispatcher.metrics().count(job.route(), f.outcome);
+    if let Err(e) = &f.result
+        && !job.is_request()
+    {
+        tracing::debug!(code = %e.code, message = %e.message, "notification failed");
     }
 }

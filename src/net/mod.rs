@@ -14,6 +14,7 @@
 pub(crate) mod backoff;
 pub(crate) mod conn;
 pub(crate) mod dialer;
+pub(crate) mod io;
 pub(crate) mod listener;
 pub(crate) mod peers;
 pub(crate) mod session;
@@ -31,7 +32,7 @@ use tokio_util::task::TaskTracker;
 use crate::dispatch::Dispatcher;
 use crate::error::NodeError;
 use crate::proto::session::{End, SessionCore, SessionLimits};
-use conn::{ConnEnv, Failure, Parts};
+use conn::{ConnEnv, Failure};
 use listener::AcceptGate;
 use peers::Peers;
 use session::{Direction, Session};
@@ -128,20 +129,26 @@ impl Net {
             tracing::debug!(peer = %remote, ?direction, reason, "session refused");
             core.close(code, reason, true);
         }
+        let (encoder, decoder) = self.endpoint.record_layer(est.session);
+        let (reader, writer) = io::split(est.stream);
         let session = Arc::new(Session::new(
             self.peers.next_session_id(),
             direction,
             core,
+            encoder,
+            writer,
             self.stop_handlers.child_token(),
         ));
-        let (encoder, decoder) = self.endpoint.record_layer(est.session);
-        let parts = Parts {
-            stream: est.stream,
-            encoder,
+        conn::drive(
+            self.env.clone(),
+            session,
+            reader,
             decoder,
-            leftover: est.leftover,
-        };
-        conn::drive(self.env.clone(), session, parts, opened, slot).await;
+            est.leftover,
+            opened,
+            slot,
+        )
+        .await;
     }
 
     /// Connects over an already-open stream as the dialling side and waits

@@ -81,7 +81,8 @@ fn take(counter: &AtomicUsize, max: usize) -> bool {
 pub(crate) struct Peers {
     local: NodeId,
     binding: Arc<SharedBinding>,
-    table: Mutex<HashMap<NodeId, Arc<Session>>>,
+    /// Keys are authenticated identities, not peer-chosen text.
+    table: Mutex<HashMap<NodeId, Arc<Session>, foldhash::fast::RandomState>>,
     changed: watch::Sender<u64>,
     hello: Mutex<Bytes>,
     contacts: Mutex<HashMap<NodeId, (Contact, CancellationToken)>>,
@@ -114,7 +115,7 @@ impl Peers {
         Self {
             local,
             binding,
-            table: Mutex::new(HashMap::new()),
+            table: Mutex::new(HashMap::default()),
             changed: watch::channel(0).0,
             hello: Mutex::new(hello),
             contacts: Mutex::new(HashMap::new()),

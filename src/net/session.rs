@@ -1,28 +1,39 @@
-//! The shared handle of one live session: the session core behind its own
-//! lock, the driver's waker, and what callers wait on.
+//! The shared handle of one live session: the session core and the
+//! sending half of the record layer behind one lock, the stream, the
+//! driver's waker, and what callers wait on.
 //!
-//! Callers (requests, notifications, handlers that finished elsewhere)
-//! lock the core for a few hundred nanoseconds, queue what they have, and
-//! wake the driver: one hand-off. The driver is the only one that touches
-//! the stream.
+//! Callers (requests, notifications, handlers that finished on their own
+//! task) lock for a few hundred nanoseconds and queue what they have.
+//! Then either the writer is idle and the stream can be written from any
+//! task, and a request goes straight to the socket from the caller's task
+//! (no hand-off), or they wake the driver (one hand-off).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use capwire_envelope::{CloseCode, NodeId, ReqId};
 use capwire_manifest::Manifest;
+use capwire_transport::{CloseCode as TransportClose, RecordEncoder, TransportError};
 use futures_util::task::AtomicWaker;
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::job::Finished;
 use crate::error::CallError;
-use crate::proto::session::{Refused, Reply, SessionCore, Ticket};
+use crate::net::io::Writer;
+use crate::proto::session::{End, Refused, Reply, SessionCore, Ticket};
 
 /// What a call waits on.
 pub(crate) type Waiter = oneshot::Sender<Reply>;
+
+/// Sealed bytes packed in one go, at most.
+pub(crate) const PACK_BUDGET: usize = 256 * 1024;
+/// A caller writes directly only when the previous direct write is at
+/// least this old; closer together, frames are left to the driver, which
+/// packs them into one write.
+const DIRECT_SPACING: Duration = Duration::from_micros(20);
 
 /// Which side dialled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,12 +44,108 @@ pub(crate) enum Direction {
     Outbound,
 }
 
+/// The sending half of the record layer.
+pub(crate) struct Tx {
+    pub(crate) enc: RecordEncoder,
+    /// Someone holds sealed bytes and is writing them (the driver, or a
+    /// caller writing directly): nobody else seals until they are done,
+    /// so the stream sees messages in nonce order.
+    pub(crate) busy: bool,
+    /// Bytes a caller could not finish writing; the driver takes them over.
+    pub(crate) handoff: Option<(Vec<u8>, usize)>,
+    /// The transport's close record is sealed.
+    pub(crate) transport_closed: bool,
+    /// The record layer refused to seal (it cannot be used any more).
+    pub(crate) failed: bool,
+    /// When bytes last reached the stream.
+    pub(crate) last_write: Instant,
+    last_direct: Option<Instant>,
+}
+
+/// What the lock guards.
+pub(crate) struct Shared {
+    pub(crate) core: SessionCore<Waiter>,
+    pub(crate) tx: Tx,
+}
+
+fn transport_code(code: CloseCode) -> TransportClose {
+    match code {
+        CloseCode::Shutdown => TransportClose::Shutdown,
+        _ => TransportClose::Normal,
+    }
+}
+
+impl Shared {
+    /// Seals what the core has queued (about `budget` bytes at most), and
+    /// the transport close after our close frame.
+    ///
+    /// # Errors
+    /// The record layer's; it is unusable afterwards.
+    pub(crate) fn pack(&mut self, budget: usize) -> Result<usize, TransportError> {
+        if self.tx.failed {
+            return Err(TransportError::Closed);
+        }
+        let enc = &mut self.tx.enc;
+        let result = self
+            .core
+            .transmit(budget, |r| enc.push_record(r))
+            .and_then(|n| {
+                if n > 0 {
+                    enc.flush()?;
+                }
+                Ok(n)
+            });
+        let n = match result {
+            Ok(n) => n,
+            Err(e) => {
+                self.tx.failed = true;
+                return Err(e);
+            }
+        };
+        if self.core.close_sent() && !self.tx.transport_closed {
+            let (code, reason) = match self.core.end_reason() {
+                Some(End::Local(code, reason)) => (transport_code(*code), reason.clone()),
+                _ => (TransportClose::Normal, String::new()),
+            };
+            self.tx.transport_closed = true;
+            if let Err(e) = self.tx.enc.close(code, &reason) {
+                self.tx.failed = true;
+                return Err(e);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Packs and takes the sealed bytes, for whoever will write them, if
+    /// nobody else is writing.
+    pub(crate) fn take_for_writing(&mut self) -> Result<Option<Vec<u8>>, TransportError> {
+        if self.tx.busy {
+            return Ok(None);
+        }
+        self.pack(PACK_BUDGET)?;
+        let wire = self.tx.enc.take_wire();
+        if wire.is_some() {
+            self.tx.busy = true;
+        }
+        Ok(wire)
+    }
+
+    /// Whoever was writing is done with `buf`.
+    pub(crate) fn done_writing(&mut self, buf: Vec<u8>, now: Instant) {
+        self.tx.busy = false;
+        self.tx.last_write = now;
+        self.tx.enc.reuse_buffer(buf);
+    }
+}
+
 /// One session, shared by its driver, the peer table and callers.
 pub(crate) struct Session {
     id: u64,
     remote: NodeId,
     direction: Direction,
-    core: Mutex<SessionCore<Waiter>>,
+    state: Mutex<Shared>,
+    writer: Arc<dyn Writer>,
+    direct: bool,
     driver: AtomicWaker,
     /// Set when something was queued since the driver last looked.
     dirty: AtomicBool,
@@ -65,13 +172,29 @@ impl Session {
         id: u64,
         direction: Direction,
         core: SessionCore<Waiter>,
+        enc: RecordEncoder,
+        writer: Arc<dyn Writer>,
         handlers: CancellationToken,
     ) -> Self {
+        let direct = writer.try_write(&[]).is_some();
         Self {
             id,
             remote: core.remote(),
             direction,
-            core: Mutex::new(core),
+            state: Mutex::new(Shared {
+                core,
+                tx: Tx {
+                    enc,
+                    busy: false,
+                    handoff: None,
+                    transport_closed: false,
+                    failed: false,
+                    last_write: Self::now(),
+                    last_direct: None,
+                },
+            }),
+            writer,
+            direct,
             driver: AtomicWaker::new(),
             dirty: AtomicBool::new(false),
             room: Notify::new(),
@@ -92,8 +215,18 @@ impl Session {
         self.direction
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, SessionCore<Waiter>> {
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn writer(&self) -> &Arc<dyn Writer> {
+        &self.writer
+    }
+
+    /// The session's state, locked.
+    pub(crate) fn state(&self) -> MutexGuard<'_, Shared> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The session core, locked (with the rest of the state).
+    pub(crate) fn lock(&self) -> CoreGuard<'_> {
+        CoreGuard(self.state())
     }
 
     pub(crate) fn handlers(&self) -> &CancellationToken {
@@ -146,6 +279,55 @@ impl Session {
         self.lock().pending_calls()
     }
 
+    /// After queueing: write straight to the stream if the writer is idle
+    /// and `direct` allows, else hand over to the driver.
+    fn send_now(&self, mut state: MutexGuard<'_, Shared>, direct: bool) {
+        let now = Self::now();
+        let may = direct
+            && self.direct
+            && !state.tx.busy
+            && state.tx.handoff.is_none()
+            && state.core.queue_len() == 1
+            && state
+                .tx
+                .last_direct
+                .is_none_or(|t| now.saturating_duration_since(t) >= DIRECT_SPACING);
+        if !may {
+            drop(state);
+            self.wake();
+            return;
+        }
+        let buf = match state.take_for_writing() {
+            Ok(Some(buf)) => buf,
+            Ok(None) | Err(_) => {
+                drop(state);
+                self.wake();
+                return;
+            }
+        };
+        state.tx.last_direct = Some(now);
+        let more = state.core.has_events();
+        drop(state);
+        let written = match self.writer.try_write(&buf) {
+            Some(Ok(n)) => n,
+            _ => 0,
+        };
+        let mut state = self.state();
+        if written == buf.len() {
+            state.done_writing(buf, now);
+            let more = more || state.core.has_transmit() || state.core.has_events();
+            drop(state);
+            if more {
+                self.wake();
+            }
+        } else {
+            // The driver finishes it (and meets any error itself).
+            state.tx.handoff = Some((buf, written));
+            drop(state);
+            self.wake();
+        }
+    }
+
     /// Queues a request frame and returns what its answer arrives on,
     /// waiting for room in the send queue until `deadline`.
     ///
@@ -159,64 +341,81 @@ impl Session {
         deadline: tokio::time::Instant,
     ) -> Result<oneshot::Receiver<Reply>, CallError> {
         let (tx, rx) = oneshot::channel();
-        let mut waiter = tx;
+        let mut parts = (req_id, frame, tx);
         loop {
-            let notified = self.room.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut core = self.lock();
-                match core.call(req_id.clone(), frame.clone(), waiter) {
+            let refused = {
+                let mut state = self.state();
+                match state.core.call(parts.0, parts.1, parts.2) {
                     Ok(()) => {
-                        drop(core);
-                        self.wake();
+                        self.send_now(state, true);
                         return Ok(rx);
                     }
-                    Err(Refused::Full(w)) => waiter = w,
-                    Err(Refused::TooManyCalls) => return Err(CallError::Overloaded),
-                    Err(Refused::TooLarge) => return Err(CallError::TooLarge),
-                    Err(Refused::Closed) => return Err(CallError::PeerLost),
+                    Err(r) => r,
                 }
+            };
+            match refused {
+                Refused::Full(back) => parts = back,
+                Refused::TooManyCalls => return Err(CallError::Overloaded),
+                Refused::TooLarge => return Err(CallError::TooLarge),
+                Refused::Closed => return Err(CallError::PeerLost),
             }
-            // The driver is writing; wait for it to make room.
-            self.wake();
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(CallError::Timeout);
-            }
+            self.wait_for_room(parts.1.len(), deadline).await?;
         }
     }
 
+    /// Waits until the send queue may have room for `len` bytes (or the
+    /// session ends).
+    async fn wait_for_room(
+        &self,
+        len: usize,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), CallError> {
+        let notified = self.room.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let state = self.state();
+            if state.core.room_for(len) {
+                return Ok(());
+            }
+        }
+        // The driver is writing; it makes room.
+        self.wake();
+        tokio::time::timeout_at(deadline, notified)
+            .await
+            .map_err(|_| CallError::Timeout)
+    }
+
     /// Queues a notification frame, waiting for room until `deadline`.
+    /// Notifications are always left to the driver, which packs many into
+    /// one write.
     ///
     /// # Errors
     /// As [`call`](Self::call), without `Overloaded`.
     pub(crate) async fn notify(
         &self,
-        frame: Bytes,
+        mut frame: Bytes,
         deadline: tokio::time::Instant,
     ) -> Result<(), CallError> {
         loop {
-            let notified = self.room.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut core = self.lock();
-                match core.notify(frame.clone()) {
+            let refused = {
+                let mut state = self.state();
+                match state.core.notify(frame) {
                     Ok(()) => {
-                        drop(core);
+                        drop(state);
                         self.wake();
                         return Ok(());
                     }
-                    Err(Refused::Full(())) => {}
-                    Err(Refused::TooManyCalls) => return Err(CallError::Overloaded),
-                    Err(Refused::TooLarge) => return Err(CallError::TooLarge),
-                    Err(Refused::Closed) => return Err(CallError::PeerLost),
+                    Err(r) => r,
                 }
+            };
+            match refused {
+                Refused::Full(back) => frame = back,
+                Refused::TooManyCalls => return Err(CallError::Overloaded),
+                Refused::TooLarge => return Err(CallError::TooLarge),
+                Refused::Closed => return Err(CallError::PeerLost),
             }
-            self.wake();
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(CallError::Timeout);
-            }
+            self.wait_for_room(frame.len(), deadline).await?;
         }
     }
 
@@ -240,15 +439,39 @@ impl Session {
         self.wake();
     }
 
-    /// A job that ran on its own task has ended.
+    /// A job that ran on its own task has ended: its answer goes straight
+    /// to the stream when the writer is idle.
     pub(crate) fn finish(&self, ticket: Ticket, finished: Finished) {
-        let now = tokio::time::Instant::now().into_std();
-        self.lock().finish(ticket, finished, now);
-        self.wake();
+        let now = Self::now();
+        let mut state = self.state();
+        let request = ticket.is_request();
+        state.core.finish(ticket, finished, now);
+        if request {
+            self.send_now(state, true);
+        } else {
+            drop(state);
+            self.wake();
+        }
     }
 
     /// The time, as the session core sees it.
     pub(crate) fn now() -> Instant {
         tokio::time::Instant::now().into_std()
+    }
+}
+
+/// The session core, locked.
+pub(crate) struct CoreGuard<'a>(MutexGuard<'a, Shared>);
+
+impl std::ops::Deref for CoreGuard<'_> {
+    type Target = SessionCore<Waiter>;
+    fn deref(&self) -> &Self::Target {
+        &self.0.core
+    }
+}
+
+impl std::ops::DerefMut for CoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0.core
     }
 }

@@ -4,8 +4,8 @@
 use bytes::Bytes;
 use capwire_envelope::{
     CloseCode, EncodeError, ErrorBody, ErrorCode, Frame, Hello, Limits as WireLimits, RawValue,
-    ReqId, encode_cancel, encode_close, encode_control, encode_frame, encode_response_err,
-    encode_response_ok,
+    ReqId, encode_cancel, encode_close, encode_control_value, encode_frame, encode_response_err,
+    encode_response_value,
 };
 use capwire_manifest::Manifest;
 
@@ -30,17 +30,16 @@ pub(crate) fn hello(manifest: &Manifest, limits: WireLimits) -> Result<Bytes, En
 /// A `control` frame: a request (non-empty `req_id`) or a notification.
 ///
 /// # Errors
-/// `cap` or `verb` longer than the frame allows, or `args` not one item
-/// of the strict profile.
+/// `cap` or `verb` longer than the frame allows.
 pub(crate) fn control(
     cap: &str,
     verb: &str,
     req_id: &ReqId,
     budget_ms: Option<u64>,
-    args: &[u8],
+    args: &RawValue,
 ) -> Result<Bytes, EncodeError> {
-    let mut out = Vec::with_capacity(64 + cap.len() + verb.len() + args.len());
-    encode_control(&mut out, cap, verb, req_id, budget_ms, args)?;
+    let mut out = Vec::with_capacity(64 + cap.len() + verb.len() + args.as_bytes().len());
+    encode_control_value(&mut out, cap, verb, req_id, budget_ms, args)?;
     Ok(frozen(out))
 }
 
@@ -60,7 +59,7 @@ pub(crate) fn response(
             },
     );
     let encoded = match result {
-        Ok(value) => encode_response_ok(&mut out, req_id, value.as_bytes()),
+        Ok(value) => encode_response_value(&mut out, req_id, value),
         Err(body) => encode_response_err(&mut out, req_id, body),
     };
     if encoded.is_err() {
@@ -131,7 +130,7 @@ mod tests {
             cancel(&id),
             close(CloseCode::Shutdown, "bye"),
             error(&id, ErrorCode::Overloaded, "busy"),
-            control("app.x", "y", &id, Some(5), &[0xf6]).unwrap(),
+            control("app.x", "y", &id, Some(5), &RawValue::null()).unwrap(),
         ] {
             decode_frame(&frame).unwrap();
         }

@@ -206,7 +206,7 @@ enum Key {
 
 impl Key {
     fn new(id: &ReqId) -> Self {
-        let b = id.as_str().as_bytes();
+        let b = id.as_bytes();
         if b.len() <= INLINE {
             let mut buf = [0u8; INLINE];
             buf[..b.len()].copy_from_slice(b);

@@ -169,7 +169,7 @@ pub(crate) struct SessionCore<W> {
     close_sent: bool,
 
     /// Our calls waiting for answers, with their place in the call order.
-    calls: HashMap<ReqId, (W, u64), RandomState>,
+    calls: HashMap<ReqId, (W, u64), foldhash::fast::RandomState>,
     /// Calls numbered so far, and how many of them have been sent (the
     /// queue is in order, so every call numbered up to it has gone).
     calls_queued: u64,
@@ -315,9 +315,39 @@ impl<W> SessionCore<W> {
         }
     }
 
+    /// Whether a frame of `len` bytes fits in the send queue now (a frame
+    /// always fits an empty queue), or queueing would fail for another
+    /// reason: a caller waiting for room may retry.
+    pub(crate) fn room_for(&self, len: usize) -> bool {
+        self.queued_bytes == 0
+            || self.queued_bytes + len <= self.limits.max_queued_bytes
+            || !self.is_open()
+    }
+
     /// Whether a caller waiting for room in the send queue may retry.
     pub(crate) fn has_room(&self) -> bool {
         self.queued_bytes < self.limits.max_queued_bytes || self.is_closing()
+    }
+
+    /// Whether anything waits to be sent.
+    pub(crate) fn has_transmit(&self) -> bool {
+        if self.close_sent || self.is_ended() {
+            return false;
+        }
+        self.hello.is_some()
+            || !self.cancels.is_empty()
+            || !self.queue.is_empty()
+            || self.close.is_some()
+    }
+
+    /// Frames waiting in the send queue.
+    pub(crate) fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether events wait for the driver.
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// Whether our close frame has been handed to the transport: the
@@ -422,13 +452,15 @@ impl<W> SessionCore<W> {
     // Our calls
 
     /// Queues one of our requests (already encoded as `frame`) with the
-    /// value to hand back when its answer arrives.
+    /// value to hand back when its answer arrives. When the queue is full
+    /// for now, everything is handed back to try again.
+    #[allow(clippy::type_complexity)]
     pub(crate) fn call(
         &mut self,
         req_id: ReqId,
         frame: Bytes,
         waiter: W,
-    ) -> Result<(), Refused<W>> {
+    ) -> Result<(), Refused<(ReqId, Bytes, W)>> {
         if !self.is_open() {
             return Err(Refused::Closed);
         }
@@ -439,7 +471,7 @@ impl<W> SessionCore<W> {
             return Err(Refused::TooLarge);
         }
         if self.queued_bytes + frame.len() > self.limits.max_queued_bytes && self.queued_bytes > 0 {
-            return Err(Refused::Full(waiter));
+            return Err(Refused::Full((req_id, frame, waiter)));
         }
         self.calls_queued += 1;
         self.calls.insert(req_id, (waiter, self.calls_queued));
@@ -452,8 +484,9 @@ impl<W> SessionCore<W> {
         Ok(())
     }
 
-    /// Queues one of our notifications (already encoded).
-    pub(crate) fn notify(&mut self, frame: Bytes) -> Result<(), Refused<()>> {
+    /// Queues one of our notifications (already encoded); a full queue
+    /// hands the frame back.
+    pub(crate) fn notify(&mut self, frame: Bytes) -> Result<(), Refused<Bytes>> {
         if !self.is_open() {
             return Err(Refused::Closed);
         }
@@ -461,7 +494,7 @@ impl<W> SessionCore<W> {
             return Err(Refused::TooLarge);
         }
         if self.queued_bytes + frame.len() > self.limits.max_queued_bytes && self.queued_bytes > 0 {
-            return Err(Refused::Full(()));
+            return Err(Refused::Full(frame));
         }
         self.push(frame, false);
         Ok(())
@@ -702,7 +735,7 @@ impl<W> SessionCore<W> {
         } else {
             // Reading goes on (responses to our own calls keep arriving);
             // it stops only when the parked notifications pass their bound.
-            self.parked_bytes += job.args.len() + 64;
+            self.parked_bytes += job.args.as_bytes().len() + 64;
             self.parked.push_back((ticket, job));
         }
     }
@@ -712,7 +745,9 @@ impl<W> SessionCore<W> {
             let Some((ticket, job)) = self.parked.pop_front() else {
                 break;
             };
-            self.parked_bytes = self.parked_bytes.saturating_sub(job.args.len() + 64);
+            self.parked_bytes = self
+                .parked_bytes
+                .saturating_sub(job.args.as_bytes().len() + 64);
             self.running_notifications += 1;
             self.events.push_back(Event::Run(ticket, job));
         }
@@ -1109,7 +1144,7 @@ pub(crate) mod tests {
         assert!(c.queued_bytes() >= limits().max_queued_bytes);
         assert!(matches!(
             c.call(ReqId::from_u64(1), control("app.t", "echo", "1", &"x"), 1),
-            Err(Refused::Full(1))
+            Err(Refused::Full((_, _, 1)))
         ));
         sent(&mut c);
         assert!(c.wants_read());

@@ -479,6 +479,26 @@ impl RecordEncoder {
         }
     }
 
+    /// Takes the sealed bytes out, so that they can be written somewhere
+    /// else (by another task, say) without a copy. Only when no message is
+    /// open, which is always the case after [`flush`](Self::flush); `None`
+    /// otherwise or when there is nothing to take.
+    pub fn take_wire(&mut self) -> Option<Vec<u8>> {
+        if self.open.is_some() || self.buf.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut self.buf))
+    }
+
+    /// Gives back a buffer returned by [`take_wire`](Self::take_wire) once
+    /// it is written, so its allocation is used again.
+    pub fn reuse_buffer(&mut self, mut buf: Vec<u8>) {
+        if self.buf.is_empty() && self.open.is_none() && buf.capacity() > self.buf.capacity() {
+            buf.clear();
+            self.buf = buf;
+        }
+    }
+
     /// Frees the output buffer if it holds nothing (no sealed bytes waiting
     /// and no open message), so that an idle session keeps no buffer. The
     /// buffer is allocated again, on demand, by the next record. Call it
