@@ -260,6 +260,26 @@ fn main() {
 
 async fn run(scale: u64) {
     let only = std::env::var("CAPWIRE_BENCH_ONLY").unwrap_or_default();
+    if only == "pipe" {
+        let p = pair().await;
+        let n = std::env::var("CAPWIRE_BENCH_N")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(600_000 / scale);
+        let r = pipelined(&p, n, 128).await;
+        println!("pipelined {r:.0} req/s");
+        return;
+    }
+    if only == "faf" {
+        let p = pair().await;
+        let n = std::env::var("CAPWIRE_BENCH_N")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3_000_000 / scale);
+        let r = fire_and_forget(&p, n).await;
+        println!("fire-and-forget {r:.0} /s");
+        return;
+    }
     if only == "rtt" {
         let p = pair().await;
         let n = std::env::var("CAPWIRE_BENCH_N")

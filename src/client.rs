@@ -142,8 +142,11 @@ impl Peer {
         args: V::Args,
         deadline: Duration,
     ) -> Result<V::Output, CallError> {
-        let args = RawValue::encode(&args).map_err(|e| CallError::Encode(e.to_string()))?;
-        let result = self.call_raw(V::CAP, V::VERB, &args, deadline).await?;
+        let result = self
+            .call_with(deadline, |req_id, budget| {
+                codec::control_of(V::CAP, V::VERB, req_id, Some(budget), &args)
+            })
+            .await?;
         result
             .decode::<V::Output>()
             .map_err(|e| CallError::BadResult(e.to_string()))
@@ -161,8 +164,8 @@ impl Peer {
         _verb: V,
         args: V::Args,
     ) -> Result<(), CallError> {
-        let args = RawValue::encode(&args).map_err(|e| CallError::Encode(e.to_string()))?;
-        self.notify_raw(V::CAP, V::VERB, &args).await
+        self.notify_with(|| codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args))
+            .await
     }
 
     async fn session(&self, deadline: Instant) -> Result<Arc<Session>, CallError> {
@@ -190,6 +193,18 @@ impl Peer {
         args: &RawValue,
         deadline: Duration,
     ) -> Result<RawValue, CallError> {
+        self.call_with(deadline, |req_id, budget| {
+            codec::control(cap, verb, req_id, Some(budget), args)
+        })
+        .await
+    }
+
+    /// A request whose frame `encode` builds from its req_id and budget.
+    async fn call_with(
+        &self,
+        deadline: Duration,
+        encode: impl FnOnce(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+    ) -> Result<RawValue, CallError> {
         let deadline_at = deadline_after(deadline);
         let session = self.session(deadline_at).await?;
         let req_id = self.peers.next_req_id();
@@ -197,8 +212,7 @@ impl Peer {
         // session.
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        let frame = codec::control(cap, verb, &req_id, Some(budget_ms), args)
-            .map_err(|e| CallError::Encode(e.to_string()))?;
+        let frame = encode(&req_id, budget_ms).map_err(|e| CallError::Encode(e.to_string()))?;
         let rx = session
             .call(req_id.clone(), frame, deadline_at)
             .await
@@ -236,10 +250,18 @@ impl Peer {
         verb: &str,
         args: &RawValue,
     ) -> Result<(), CallError> {
+        self.notify_with(|| codec::control(cap, verb, &ReqId::EMPTY, None, args))
+            .await
+    }
+
+    /// A notification whose frame `encode` builds.
+    async fn notify_with(
+        &self,
+        encode: impl FnOnce() -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+    ) -> Result<(), CallError> {
         let deadline_at = deadline_after(self.default_deadline);
         let session = self.session(deadline_at).await?;
-        let frame = codec::control(cap, verb, &ReqId::EMPTY, None, args)
-            .map_err(|e| CallError::Encode(e.to_string()))?;
+        let frame = encode().map_err(|e| CallError::Encode(e.to_string()))?;
         session
             .notify(frame, deadline_at)
             .await

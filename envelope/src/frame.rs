@@ -545,7 +545,7 @@ fn write_control(
     args: &[u8],
 ) {
     let req_id = req_id.as_bytes();
-    out.reserve(64 + cap.len() + verb.len() + req_id.len() + args.len());
+    out.reserve(CONTROL_OVERHEAD + cap.len() + verb.len() + req_id.len() + args.len());
     cbor::write_map(out, 5 + usize::from(budget_ms.is_some()));
     write_type(out, FrameKind::Control);
     cbor::write_text(out, "cap");
@@ -561,6 +561,10 @@ fn write_control(
     cbor::write_text(out, "args");
     out.extend_from_slice(args);
 }
+
+/// Bytes a control frame needs besides its cap, verb, req_id and args (the
+/// keys, the type and the headers), at most.
+pub const CONTROL_OVERHEAD: usize = 64;
 
 /// Encodes a control frame whose args are a [`RawValue`] (which is always
 /// in the strict profile, so it is not checked again), appending it to
@@ -580,6 +584,40 @@ pub fn encode_control_value(
     check_name("cap", cap)?;
     check_name("verb", verb)?;
     write_control(out, cap, verb, req_id, budget_ms, args.as_bytes());
+    Ok(())
+}
+
+/// Encodes a control frame with `args` serialized straight into it (one
+/// buffer, one check of the strict profile), appending it to `out`.
+///
+/// ```
+/// use capwire_envelope::{decode_frame, encode_control_serialize, FrameRef, ReqId};
+/// let mut out = Vec::new();
+/// encode_control_serialize(&mut out, "app.echo", "say", &ReqId::from_u64(1), None, &("hi",)).unwrap();
+/// let FrameRef::Control(c) = decode_frame(&out).unwrap() else { unreachable!() };
+/// assert_eq!(c.decode_args::<(String,)>().unwrap().0, "hi");
+/// ```
+///
+/// # Errors
+/// [`EncodeError::StringTooLong`] for a long `cap` or `verb`; as
+/// [`to_vec`](crate::to_vec) when `args` has no strict encoding. On error
+/// `out` is left as it was.
+pub fn encode_control_serialize<T: serde::Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    cap: &str,
+    verb: &str,
+    req_id: &ReqId,
+    budget_ms: Option<u64>,
+    args: &T,
+) -> Result<(), EncodeError> {
+    check_name("cap", cap)?;
+    check_name("verb", verb)?;
+    let start = out.len();
+    write_control(out, cap, verb, req_id, budget_ms, &[]);
+    if let Err(e) = crate::raw::encode_into(args, out) {
+        out.truncate(start);
+        return Err(e);
+    }
     Ok(())
 }
 

@@ -54,10 +54,11 @@ pub use code::{
 };
 pub use error::{DecodeError, EncodeError};
 pub use frame::{
-    Cancel, Close, CloseRef, ControlEnvelope, ControlRef, Frame, FrameKind, FrameRef, Hello,
-    HelloRef, Limits, MAX_NAME_LEN, PROTOCOL_VERSION, ResponseEnvelope, ResponseRef, decode_frame,
-    encode_cancel, encode_close, encode_control, encode_control_value, encode_frame,
-    encode_keepalive, encode_response_err, encode_response_ok, encode_response_value,
+    CONTROL_OVERHEAD, Cancel, Close, CloseRef, ControlEnvelope, ControlRef, Frame, FrameKind,
+    FrameRef, Hello, HelloRef, Limits, MAX_NAME_LEN, PROTOCOL_VERSION, ResponseEnvelope,
+    ResponseRef, decode_frame, encode_cancel, encode_close, encode_control,
+    encode_control_serialize, encode_control_value, encode_frame, encode_keepalive,
+    encode_response_err, encode_response_ok, encode_response_value,
 };
 pub use id::{
     CapId, IdError, MAX_CAP_ID_LEN, MAX_REQ_ID_LEN, MAX_VERB_LEN, Namespace, NodeId, ReqId, Verb,

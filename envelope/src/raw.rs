@@ -29,7 +29,7 @@ const SCRATCH: usize = 256;
 /// deeper than [`MAX_DEPTH`](crate::MAX_DEPTH)).
 pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, EncodeError> {
     // Most values are small: one allocation instead of a few doublings.
-    let mut out = Vec::with_capacity(64);
+    let mut out = Vec::with_capacity(128);
     encode_into(value, &mut out)?;
     Ok(out)
 }

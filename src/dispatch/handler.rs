@@ -226,6 +226,10 @@ where
         let fut = self.handler.call(args, cx);
         Ok(Box::pin(async move {
             let out = fut.await?;
+            if V::KIND == capwire_manifest::VerbKind::Notification {
+                // Nobody is told a notification's outcome.
+                return Ok(RawValue::null());
+            }
             RawValue::encode(&out).map_err(|e| {
                 HandlerError::new(
                     ErrorCode::Internal,

@@ -242,11 +242,14 @@ impl Dispatcher {
             });
         }
 
-        // The ledger answers repeats and duplicates whatever the bounds.
+        // The ledger answers repeats and duplicates whatever the bounds; a
+        // new request that may run is recorded as running in the same step.
+        let shutting_down = self.is_shutting_down();
+        let begin = !shutting_down && room && c.budget_ms != Some(0);
         let mut ledger = part
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (outcome, answer) = match ledger.check(&c.req_id, route, binding.epoch(), now) {
+        let (outcome, answer) = match ledger.check(&c.req_id, route, binding.epoch(), now, begin) {
             Check::Replay(frame) => {
                 self.metrics.count(route, Outcome::Replayed);
                 return Admit::Replay(frame);
@@ -267,7 +270,7 @@ impl Dispatcher {
                 Outcome::Overloaded,
                 "overloaded: this sender's replay quota is used up; retry later",
             ),
-            Check::New if self.is_shutting_down() => {
+            Check::New if shutting_down => {
                 self.metrics.count(route, Outcome::Cancelled);
                 return Admit::Answer(ErrorBody::new(
                     ErrorCode::Cancelled,
@@ -278,7 +281,7 @@ impl Dispatcher {
                 Outcome::Overloaded,
                 "overloaded: too many requests in flight",
             ),
-            Check::New if c.budget_ms == Some(0) => {
+            Check::New => {
                 // Nothing could finish in no time: not run, not recorded.
                 self.metrics.count(route, Outcome::Cancelled);
                 return Admit::Answer(ErrorBody::new(
@@ -286,8 +289,7 @@ impl Dispatcher {
                     "timeout: the request came with a budget of 0 ms",
                 ));
             }
-            Check::New => {
-                ledger.begin(&c.req_id, route);
+            Check::Begun => {
                 return Admit::Run(Job {
                     permit,
                     req_id: c.req_id.clone(),

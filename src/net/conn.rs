@@ -49,6 +49,8 @@ const READ_SMALL: usize = 4 * 1024;
 const READ_LARGE: usize = 66 * 1024;
 /// The driver makes room when less than this is free before a read.
 const READ_LOW_WATER: usize = 1024;
+/// Records handled before the answers they produced are written.
+const CHUNK: usize = 24;
 /// Reads in one pass, at most.
 const READS_PER_PASS: usize = 16;
 /// Passes of the driver loop before it yields to other tasks.
@@ -239,8 +241,10 @@ impl Driver {
                 self.handle_records(now);
                 self.handle_events(cx, now);
                 if !self.records.is_empty() {
-                    // Over a bound: the rest wait, and nothing more is read.
-                    return false;
+                    // A chunk is done: its answers go out before the next
+                    // one (so the peer can start on them); or a bound was
+                    // reached, and the rest wait.
+                    return self.wants_read;
                 }
             }
             if self.read_done {
@@ -350,7 +354,8 @@ impl Driver {
         let mut core = self.session.lock();
         let mut handled = 0;
         for record in &records {
-            if !core.wants_read() {
+            // After a chunk with requests in it, their answers go out first.
+            if !core.wants_read() || (handled >= CHUNK && core.running_requests() > 0) {
                 break;
             }
             core.handle_record(now, record.clone(), dispatcher);

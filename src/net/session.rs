@@ -35,6 +35,10 @@ pub(crate) const PACK_BUDGET: usize = 256 * 1024;
 /// packs them into one write.
 const DIRECT_SPACING: Duration = Duration::from_micros(20);
 
+/// Queued bytes past which a notification lets other tasks (the writer)
+/// run before it returns.
+const YIELD_BACKLOG: usize = 64 * 1024;
+
 /// Which side dialled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Direction {
@@ -283,11 +287,14 @@ impl Session {
     /// and `direct` allows, else hand over to the driver.
     fn send_now(&self, mut state: MutexGuard<'_, Shared>, direct: bool) {
         let now = Self::now();
+        // Only a lone frame goes straight out: with other calls waiting
+        // for answers (pipelining) the driver packs frames into one write.
         let may = direct
             && self.direct
             && !state.tx.busy
             && state.tx.handoff.is_none()
             && state.core.queue_len() == 1
+            && state.core.pending_calls() <= 1
             && state
                 .tx
                 .last_direct
@@ -398,16 +405,24 @@ impl Session {
         deadline: tokio::time::Instant,
     ) -> Result<(), CallError> {
         loop {
-            let refused = {
+            let queued = {
                 let mut state = self.state();
-                match state.core.notify(frame) {
-                    Ok(()) => {
-                        drop(state);
-                        self.wake();
-                        return Ok(());
+                state
+                    .core
+                    .notify(frame)
+                    .map(|()| state.core.queued_bytes() >= YIELD_BACKLOG)
+            };
+            let refused = match queued {
+                Ok(backlog) => {
+                    self.wake();
+                    if backlog {
+                        // A caller sending notifications in a loop never
+                        // waits; with a backlog, it lets the writer run.
+                        tokio::task::yield_now().await;
                     }
-                    Err(r) => r,
+                    return Ok(());
                 }
+                Err(r) => r,
             };
             match refused {
                 Refused::Full(back) => frame = back,

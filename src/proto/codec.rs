@@ -38,8 +38,33 @@ pub(crate) fn control(
     budget_ms: Option<u64>,
     args: &RawValue,
 ) -> Result<Bytes, EncodeError> {
-    let mut out = Vec::with_capacity(64 + cap.len() + verb.len() + args.as_bytes().len());
+    let mut out = Vec::with_capacity(
+        capwire_envelope::CONTROL_OVERHEAD
+            + cap.len()
+            + verb.len()
+            + req_id.as_bytes().len()
+            + args.as_bytes().len(),
+    );
     encode_control_value(&mut out, cap, verb, req_id, budget_ms, args)?;
+    Ok(frozen(out))
+}
+
+/// A `control` frame with `args` serialized straight into it.
+///
+/// # Errors
+/// `cap` or `verb` longer than the frame allows, or `args` without an
+/// encoding in the strict profile.
+pub(crate) fn control_of<T: serde::Serialize + ?Sized>(
+    cap: &str,
+    verb: &str,
+    req_id: &ReqId,
+    budget_ms: Option<u64>,
+    args: &T,
+) -> Result<Bytes, EncodeError> {
+    let mut out = Vec::with_capacity(
+        capwire_envelope::CONTROL_OVERHEAD + cap.len() + verb.len() + req_id.as_bytes().len() + 64,
+    );
+    capwire_envelope::encode_control_serialize(&mut out, cap, verb, req_id, budget_ms, args)?;
     Ok(frozen(out))
 }
 

@@ -78,6 +78,8 @@ pub(crate) enum Check {
     Forgotten,
     /// Known under another (cap, verb): never answered with its result.
     OtherVerb,
+    /// Not known, and now recorded as running (asked for with `begin`).
+    Begun,
     /// The sender has used up its quota (or the node its budget).
     Full,
 }
@@ -331,58 +333,78 @@ impl SenderLedger {
     }
 
     /// Looks up `req_id` for a request to `route`, under binding epoch
-    /// `binding_epoch`. Expires old entries first.
+    /// `binding_epoch`; with `begin`, a request not known is recorded as
+    /// running at once ([`Check::Begun`]). Expires old entries first.
     pub(crate) fn check(
         &mut self,
         req_id: &ReqId,
         route: u32,
         binding_epoch: u64,
         now: Instant,
+        begin: bool,
     ) -> Check {
+        use std::collections::hash_map::Entry as Slot;
         self.expire(now);
         let key = Key::new(req_id);
-        match self.live.get(&key) {
-            Some(Entry::Running { route: r }) => {
-                return if *r == route {
-                    Check::Running
-                } else {
-                    Check::OtherVerb
-                };
-            }
-            Some(Entry::Done {
-                route: r,
-                epoch,
-                response,
-                ..
-            }) => {
-                if *r != route {
-                    return Check::OtherVerb;
+        let vacant = match self.live.entry(key) {
+            Slot::Occupied(o) => match o.get() {
+                Entry::Running { route: r } => {
+                    return if *r == route {
+                        Check::Running
+                    } else {
+                        Check::OtherVerb
+                    };
                 }
-                if *epoch == NO_EPOCH || *epoch == binding_epoch {
-                    return Check::Replay(response.clone());
+                Entry::Done {
+                    route: r,
+                    epoch,
+                    response,
+                    ..
+                } => {
+                    if *r != route {
+                        return Check::OtherVerb;
+                    }
+                    if *epoch == NO_EPOCH || *epoch == binding_epoch {
+                        return Check::Replay(response.clone());
+                    }
+                    // A controller answer from an earlier binding: forgotten,
+                    // as if it had left the window.
+                    let (key, old) = o.remove_entry();
+                    if let Entry::Done { response, .. } = old {
+                        self.charge(
+                            -((ENTRY_COST + response.len()) as isize),
+                            -(DIGEST_COST as isize),
+                        );
+                    }
+                    match self.live.entry(key) {
+                        Slot::Vacant(v) => v,
+                        Slot::Occupied(_) => return Check::Running,
+                    }
                 }
-                // A controller answer from an earlier binding: forgotten,
-                // as if it had left the window.
-                self.remove_done(&key);
-            }
-            None => {
+            },
+            Slot::Vacant(v) => {
                 if self.forgotten.contains(req_id) {
                     return Check::Forgotten;
                 }
+                v
             }
-        }
-        if self.full() { Check::Full } else { Check::New }
-    }
-
-    /// Whether one more entry could exceed the quota even if every
-    /// finished entry were forgotten.
-    fn full(&self) -> bool {
+        };
         let own = self.floor + DIGEST_COST;
         let total = self.totals.floor.load(Ordering::Relaxed) + DIGEST_COST;
-        own > self.limits.sender_max_bytes || total > self.limits.max_bytes
+        if own > self.limits.sender_max_bytes || total > self.limits.max_bytes {
+            return Check::Full;
+        }
+        if !begin {
+            return Check::New;
+        }
+        vacant.insert(Entry::Running { route });
+        self.running += 1;
+        self.charge(ENTRY_COST as isize, DIGEST_COST as isize);
+        Check::Begun
     }
 
     /// Records `req_id` as running (after [`check`](Self::check) said `New`).
+    #[cfg(test)]
     pub(crate) fn begin(&mut self, req_id: &ReqId, route: u32) {
         let previous = self.live.insert(Key::new(req_id), Entry::Running { route });
         debug_assert!(previous.is_none());
@@ -401,22 +423,23 @@ impl SenderLedger {
         now: Instant,
     ) {
         let key = Key::new(req_id);
-        let Some(Entry::Running { .. }) = self.live.get(&key) else {
+        let Some(slot) = self.live.get_mut(&key) else {
             return;
         };
-        self.running = self.running.saturating_sub(1);
+        if !matches!(slot, Entry::Running { .. }) {
+            return;
+        }
         self.seq += 1;
         let seq = self.seq;
-        self.charge(response.len() as isize, 0);
-        self.live.insert(
-            key.clone(),
-            Entry::Done {
-                route,
-                epoch: epoch.unwrap_or(NO_EPOCH),
-                seq,
-                response,
-            },
-        );
+        let len = response.len();
+        *slot = Entry::Done {
+            route,
+            epoch: epoch.unwrap_or(NO_EPOCH),
+            seq,
+            response,
+        };
+        self.running = self.running.saturating_sub(1);
+        self.charge(len as isize, 0);
         self.done.push_back((now, key, seq));
         self.expire(now);
         self.make_room();
@@ -687,7 +710,7 @@ mod tests {
     }
 
     fn run(p: &mut SenderLedger, req: &ReqId, response: &'static [u8], now: Instant) {
-        assert_eq!(p.check(req, ROUTE, 0, now), Check::New, "{req:?}");
+        assert_eq!(p.check(req, ROUTE, 0, now, false), Check::New, "{req:?}");
         p.begin(req, ROUTE);
         p.complete(req, ROUTE, None, Bytes::from_static(response), now);
     }
@@ -699,29 +722,32 @@ mod tests {
         let b = ledger.partition(NodeId::from_bytes([2; 32]));
         let t = Instant::now();
         let mut a = a.lock().unwrap();
-        assert_eq!(a.check(&id(1), ROUTE, 0, t), Check::New);
+        assert_eq!(a.check(&id(1), ROUTE, 0, t, false), Check::New);
         a.begin(&id(1), ROUTE);
-        assert_eq!(a.check(&id(1), ROUTE, 0, t), Check::Running);
-        assert_eq!(a.check(&id(1), 2, 0, t), Check::OtherVerb);
+        assert_eq!(a.check(&id(1), ROUTE, 0, t, false), Check::Running);
+        assert_eq!(a.check(&id(1), 2, 0, t, false), Check::OtherVerb);
         // Another sender with the same req_id is independent.
-        assert_eq!(b.lock().unwrap().check(&id(1), ROUTE, 0, t), Check::New);
+        assert_eq!(
+            b.lock().unwrap().check(&id(1), ROUTE, 0, t, false),
+            Check::New
+        );
         a.complete(&id(1), ROUTE, None, Bytes::from_static(b"resp"), t);
         assert_eq!(
-            a.check(&id(1), ROUTE, 0, t),
+            a.check(&id(1), ROUTE, 0, t, false),
             Check::Replay(Bytes::from_static(b"resp"))
         );
         assert_eq!(
-            a.check(&id(1), 2, 0, t),
+            a.check(&id(1), 2, 0, t, false),
             Check::OtherVerb,
             "never another verb's result"
         );
         assert_eq!(a.running(), 0);
         a.abandon(&id(9));
-        assert_eq!(a.check(&id(9), ROUTE, 0, t), Check::New);
+        assert_eq!(a.check(&id(9), ROUTE, 0, t, false), Check::New);
         a.begin(&id(9), ROUTE);
         a.abandon(&id(9));
         assert_eq!(
-            a.check(&id(9), ROUTE, 0, t),
+            a.check(&id(9), ROUTE, 0, t, false),
             Check::New,
             "abandoned leaves no trace"
         );
@@ -733,12 +759,15 @@ mod tests {
         let p = ledger.partition(NodeId::from_bytes([1; 32]));
         let mut p = p.lock().unwrap();
         let t = Instant::now();
-        assert_eq!(p.check(&id(5), ROUTE, 3, t), Check::New);
+        assert_eq!(p.check(&id(5), ROUTE, 3, t, false), Check::New);
         p.begin(&id(5), ROUTE);
         p.complete(&id(5), ROUTE, Some(3), Bytes::from_static(b"ok"), t);
-        assert!(matches!(p.check(&id(5), ROUTE, 3, t), Check::Replay(_)));
-        assert_eq!(p.check(&id(5), 7, 4, t), Check::OtherVerb);
-        assert_eq!(p.check(&id(5), ROUTE, 4, t), Check::New);
+        assert!(matches!(
+            p.check(&id(5), ROUTE, 3, t, false),
+            Check::Replay(_)
+        ));
+        assert_eq!(p.check(&id(5), 7, 4, t, false), Check::OtherVerb);
+        assert_eq!(p.check(&id(5), ROUTE, 4, t, false), Check::New);
     }
 
     #[test]
@@ -760,7 +789,7 @@ mod tests {
             // Until the flooder is refused.
             loop {
                 let r = named(&format!("x{n}"));
-                match f.check(&r, ROUTE, 0, t) {
+                match f.check(&r, ROUTE, 0, t, false) {
                     Check::New => {
                         f.begin(&r, ROUTE);
                         f.complete(&r, ROUTE, None, Bytes::from_static(b"no_pending"), t);
@@ -773,13 +802,13 @@ mod tests {
             }
             assert!(f.bytes() <= 16 * 1024 + PARTITION_COST + DIGEST_COST);
             // Its own oldest answers were released, but stay known.
-            assert_eq!(f.check(&named("x0"), ROUTE, 0, t), Check::Forgotten);
+            assert_eq!(f.check(&named("x0"), ROUTE, 0, t, false), Check::Forgotten);
         }
         assert_eq!(
             victim
                 .lock()
                 .unwrap()
-                .check(&named("victim-1"), ROUTE, 0, t),
+                .check(&named("victim-1"), ROUTE, 0, t, false),
             Check::Replay(Bytes::from_static(b"answer")),
             "the victim's entry survives the flood"
         );
@@ -798,12 +827,12 @@ mod tests {
         // Tens of thousands of answers through a 64 KiB quota: never full.
         assert!(p.bytes() <= 64 * 1024);
         assert_eq!(p.forgotten.ranges.len(), 1);
-        assert_eq!(p.check(&id(start), ROUTE, 0, t), Check::Forgotten);
+        assert_eq!(p.check(&id(start), ROUTE, 0, t, false), Check::Forgotten);
         assert_eq!(
-            p.check(&id(start + 49_999), ROUTE, 0, t).clone(),
+            p.check(&id(start + 49_999), ROUTE, 0, t, false).clone(),
             Check::Replay(Bytes::from_static(b"a small answer of some bytes"))
         );
-        assert_eq!(p.check(&id(start + 50_000), ROUTE, 0, t), Check::New);
+        assert_eq!(p.check(&id(start + 50_000), ROUTE, 0, t, false), Check::New);
     }
 
     #[test]
@@ -846,8 +875,8 @@ mod tests {
         let later = t + Duration::from_secs(61);
         {
             let mut p = p.lock().unwrap();
-            assert_eq!(p.check(&named("k0"), ROUTE, 0, later), Check::New);
-            assert_eq!(p.check(&id(0), ROUTE, 0, later), Check::New);
+            assert_eq!(p.check(&named("k0"), ROUTE, 0, later, false), Check::New);
+            assert_eq!(p.check(&id(0), ROUTE, 0, later, false), Check::New);
             assert!(p.is_empty());
             assert_eq!(p.bytes(), PARTITION_COST);
         }
@@ -871,7 +900,7 @@ mod tests {
             let mut p = p.lock().unwrap();
             for n in 0..10 {
                 let r = named(&format!("s{n}"));
-                match p.check(&r, ROUTE, 0, t) {
+                match p.check(&r, ROUTE, 0, t, false) {
                     Check::New => {
                         p.begin(&r, ROUTE);
                         p.complete(&r, ROUTE, None, Bytes::from_static(b"x"), t);
@@ -901,7 +930,7 @@ mod tests {
         const N: usize = 30_000;
         for n in 0..N {
             let r = id(n as u64);
-            assert_eq!(p.check(&r, ROUTE, 0, t), Check::New);
+            assert_eq!(p.check(&r, ROUTE, 0, t, false), Check::New);
             p.begin(&r, ROUTE);
             p.complete(&r, ROUTE, None, Bytes::from_static(&[7; 300]), t);
         }

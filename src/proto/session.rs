@@ -20,7 +20,6 @@
 //! replay-ledger partition is shared with the node, since a peer's entries
 //! outlive its sessions.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -179,7 +178,8 @@ pub(crate) struct SessionCore<W> {
     withdrawn: Vec<u64>,
 
     /// The peer's requests running, by req_id: their job ids.
-    running: HashMap<ReqId, u64, RandomState>,
+    /// (At most `max_inflight` entries, so a fast hasher is safe here.)
+    running: HashMap<ReqId, u64, foldhash::fast::RandomState>,
     running_notifications: usize,
     /// Responses queued and not yet sent: they hold in-flight slots.
     answered: usize,
@@ -279,6 +279,11 @@ impl<W> SessionCore<W> {
     /// The peer's jobs in flight (running, or answered and not yet sent).
     pub(crate) fn inflight(&self) -> usize {
         self.running.len() + self.running_notifications + self.answered
+    }
+
+    /// The peer's requests running now.
+    pub(crate) fn running_requests(&self) -> usize {
+        self.running.len()
     }
 
     /// The peer's jobs running now (answers waiting for the wire excluded).
