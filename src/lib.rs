@@ -81,6 +81,9 @@ mod control;
 mod core;
 mod dispatch;
 mod error;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod net;
 mod node;
 mod proto;

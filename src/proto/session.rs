@@ -808,111 +808,13 @@ impl<W> SessionCore<W> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::dispatch::extract::Extensions;
-    use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
     use crate::dispatch::metrics::Outcome;
-    use crate::proto::ledger::{Ledger, LedgerLimits};
-    use capwire_authz::{BindingState, Gate, SharedBinding};
     use capwire_envelope::{
-        ErrorCode, Frame, Hello, RawValue, ResponseEnvelope, encode_cancel, encode_control,
-        encode_frame, encode_keepalive, encode_response_ok,
-    };
-    use capwire_manifest::{
-        Capability, MonitoringHandlers, MonitoringStatus, NodeInfo, Registry, Version, verb,
+        ErrorCode, Frame, RawValue, ResponseEnvelope, encode_cancel, encode_control,
+        encode_keepalive, encode_response_ok,
     };
 
-    verb! { pub struct Echo: request "app.t" / "echo", Bootstrap, String => String; }
-    verb! { pub struct Note: notification "app.t" / "note", Bootstrap, String; }
-    verb! { pub struct Admin: request "app.t" / "admin", Controller, String => String; }
-
-    async fn echo(s: String) -> Result<String, HandlerError> {
-        Ok(s)
-    }
-    async fn note(_s: String) -> Result<(), HandlerError> {
-        Ok(())
-    }
-
-    fn route<
-        V: capwire_manifest::VerbDef,
-        M: 'static,
-        H: crate::dispatch::handler::Handler<V, M>,
-    >(
-        h: H,
-    ) -> RouteHandler {
-        Arc::new(RouteEntry::new(Typed::<V, M, H>::new(h)))
-    }
-
-    pub(crate) const LOCAL: NodeId = NodeId::from_bytes([1; 32]);
-    pub(crate) const REMOTE: NodeId = NodeId::from_bytes([2; 32]);
-
-    pub(crate) fn dispatcher() -> Dispatcher {
-        let registry = Registry::builder(
-            NodeInfo::new(LOCAL, "test"),
-            MonitoringHandlers {
-                bind: route::<Echo, (), _>(echo),
-                disable: route::<Echo, (), _>(echo),
-            },
-        )
-        .capability(
-            Capability::new("app.t", Version::new(1, 0, 0))
-                .verb::<Echo>(route::<Echo, (), _>(echo))
-                .verb::<Note>(route::<Note, (), _>(note))
-                .verb::<Admin>(route::<Admin, (), _>(echo)),
-        )
-        .build()
-        .unwrap();
-        Dispatcher::new(
-            Arc::new(registry),
-            Gate::default(),
-            Arc::new(SharedBinding::new(BindingState::new())),
-            Ledger::new(LedgerLimits {
-                window: Duration::from_secs(120),
-                max_bytes: 1 << 24,
-                sender_max_bytes: 1 << 20,
-            }),
-            Arc::new(Extensions::default()),
-            Duration::from_secs(300),
-        )
-        .unwrap()
-    }
-
-    pub(crate) fn limits() -> SessionLimits {
-        SessionLimits {
-            max_inflight: 2,
-            max_pending_calls: 4,
-            max_queued_bytes: 4096,
-            max_parked_bytes: 512,
-            max_record: 1 << 20,
-            hello_timeout: Duration::from_secs(10),
-        }
-    }
-
-    pub(crate) fn peer_hello(node: NodeId, epoch: u64) -> Bytes {
-        let manifest = Registry::builder(
-            NodeInfo::new(node, "peer"),
-            MonitoringHandlers {
-                bind: (),
-                disable: (),
-            },
-        )
-        .build()
-        .unwrap()
-        .manifest(MonitoringStatus::Off, epoch);
-        let mut out = Vec::new();
-        encode_frame(
-            &Frame::Hello(Hello::new(
-                RawValue::encode(&manifest).unwrap(),
-                WireLimits {
-                    max_record: 1 << 20,
-                    max_inflight: 8,
-                    keepalive_ms: 15_000,
-                },
-            )),
-            &mut out,
-        )
-        .unwrap();
-        out.into()
-    }
+    pub(crate) use crate::fuzzing::{REMOTE, dispatcher, limits, peer_hello};
 
     pub(crate) fn core(d: &Dispatcher, now: Instant) -> SessionCore<u32> {
         SessionCore::new(
