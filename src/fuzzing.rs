@@ -158,7 +158,7 @@ struct Seen {
 }
 
 fn run_events(
-    core: &mut SessionCore<u64>,
+    core: &mut SessionCore<u64, Job>,
     d: &Dispatcher,
     now: Instant,
     bound: bool,
@@ -182,7 +182,7 @@ fn run_events(
             }
         }
         for (ticket, f) in finished.drain(..) {
-            core.finish(ticket, f, now);
+            core.finish(ticket, &f.result, now);
         }
         if !any {
             return;
@@ -202,7 +202,7 @@ fn check_job(job: &Job, bound: bool, seen: &mut Seen) {
     }
 }
 
-fn transmit(core: &mut SessionCore<u64>, seen: &mut Seen) {
+fn transmit(core: &mut SessionCore<u64, Job>, seen: &mut Seen) {
     let sent = core.transmit::<()>(usize::MAX, |record| {
         let frame = match decode_frame(record) {
             Ok(f) => f,
@@ -229,7 +229,7 @@ pub fn session_records(data: &[u8]) {
     };
     let d = dispatcher_bound(opts.bound.then_some(REMOTE));
     let mut now = Instant::now();
-    let mut core: SessionCore<u64> = SessionCore::new(
+    let mut core: SessionCore<u64, Job> = SessionCore::new(
         REMOTE,
         peer_hello(LOCAL, 1),
         limits(),

@@ -9,7 +9,7 @@ use capwire_envelope::{ErrorCode, NodeId, ReqId};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::handler::HandlerError;
+use crate::dispatch::error::HandlerError;
 
 /// Values handlers can extract, by type: the application's state (from
 /// [`NodeBuilder::state`](crate::NodeBuilder::state)) and the node's own

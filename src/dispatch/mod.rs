@@ -13,6 +13,7 @@
 //! Nothing here does I/O: the session core calls `admit`, the connection
 //! driver runs the job.
 
+pub(crate) mod error;
 pub(crate) mod extract;
 pub(crate) mod handler;
 pub(crate) mod job;
@@ -28,6 +29,7 @@ use capwire_envelope::{ControlRef, ErrorBody, ErrorCode, NodeId, RawValue, ReqId
 use capwire_manifest::{DeclaredClass, Registry, VerbKind};
 
 use crate::proto::ledger::{Check, Ledger, Partition};
+use crate::proto::session::{Admission, Admit, Work};
 use extract::Extensions;
 use handler::RouteHandler;
 use metrics::{Metrics, Outcome};
@@ -58,6 +60,24 @@ impl Job {
     }
 }
 
+impl Work for Job {
+    fn req_id(&self) -> &ReqId {
+        &self.req_id
+    }
+
+    fn route(&self) -> u32 {
+        Job::route(self)
+    }
+
+    fn answer_epoch(&self) -> Option<u64> {
+        Job::answer_epoch(self)
+    }
+
+    fn weight(&self) -> usize {
+        self.args.as_bytes().len() + 64
+    }
+}
+
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Job")
@@ -66,19 +86,6 @@ impl std::fmt::Debug for Job {
             .field("req_id", &self.req_id)
             .finish_non_exhaustive()
     }
-}
-
-/// What to do with an inbound control envelope.
-#[derive(Debug)]
-pub(crate) enum Admit {
-    /// Answer the request with this error; nothing runs.
-    Answer(ErrorBody),
-    /// Send this remembered response frame again; nothing runs.
-    Replay(Bytes),
-    /// A notification that does not run; it is never answered.
-    Drop,
-    /// Run it (a notification may have to wait for a slot first).
-    Run(Job),
 }
 
 /// The chokepoint's consumer: the registry (never written after the node
@@ -171,12 +178,16 @@ impl Dispatcher {
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Relaxed)
     }
+}
+
+impl Admission for Dispatcher {
+    type Job = Job;
 
     /// Decides what becomes of one inbound control envelope from `sender`
     /// (the channel's authenticated key). `record` is the received record
     /// `c` was decoded from; `part` is the sender's ledger partition;
     /// `room` says whether the session may start one more job now.
-    pub(crate) fn admit(
+    fn admit(
         &self,
         part: &Partition,
         sender: &NodeId,
@@ -184,7 +195,7 @@ impl Dispatcher {
         record: &Bytes,
         now: Instant,
         room: bool,
-    ) -> Admit {
+    ) -> Admit<Job> {
         let notification = c.req_id.is_fire_and_forget();
         let binding = self.binding.snapshot();
         let permit = match decide(&self.registry, &self.gate, &binding, sender, c.cap, c.verb)

@@ -37,8 +37,8 @@ use tokio::time::Sleep;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
-use crate::dispatch::Dispatcher;
 use crate::dispatch::job::{self, Finished, Started};
+use crate::dispatch::{Dispatcher, Job};
 use crate::net::io::{Reader, Writer};
 use crate::net::session::{Session, Waiter};
 use crate::proto::session::{End, Event, Ticket};
@@ -160,7 +160,7 @@ struct Driver {
     dec: RecordDecoder,
     rbuf: BytesMut,
     records: Vec<Bytes>,
-    events: Vec<Event<Waiter>>,
+    events: Vec<Event<Waiter, Job>>,
     finished: Vec<(Ticket, Option<Finished>)>,
     /// Sealed bytes the driver is writing, and how many are written.
     out: Option<(Vec<u8>, usize)>,
@@ -445,7 +445,7 @@ impl Driver {
                 let mut core = self.session.lock();
                 for (ticket, f) in self.finished.drain(..) {
                     match f {
-                        Some(f) => core.finish(ticket, f, now),
+                        Some(f) => core.finish(ticket, &f.result, now),
                         None => core.discard(ticket),
                     }
                 }
@@ -738,7 +738,7 @@ impl Driver {
     }
 }
 
-fn count(dispatcher: &Dispatcher, job: &crate::dispatch::Job, f: &Finished) {
+fn count(dispatcher: &Dispatcher, job: &Job, f: &Finished) {
     dispatcher.metrics().count(job.route(), f.outcome);
     if let Err(e) = &f.result
         && !job.is_request()

@@ -11,6 +11,7 @@
 //!                                                   Peers: one session per peer
 //! ```
 
+pub(crate) mod accept;
 pub(crate) mod backoff;
 pub(crate) mod conn;
 pub(crate) mod dialer;
@@ -32,8 +33,8 @@ use tokio_util::task::TaskTracker;
 use crate::dispatch::Dispatcher;
 use crate::error::NodeError;
 use crate::proto::session::{End, SessionCore, SessionLimits};
+use accept::AcceptGate;
 use conn::{ConnEnv, Failure};
-use listener::AcceptGate;
 use peers::Peers;
 use session::{Direction, Session};
 

@@ -20,6 +20,7 @@ use futures_util::task::AtomicWaker;
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::dispatch::Job;
 use crate::dispatch::job::Finished;
 use crate::error::CallError;
 use crate::net::io::Writer;
@@ -27,6 +28,9 @@ use crate::proto::session::{End, Refused, Reply, SessionCore, Ticket};
 
 /// What a call waits on.
 pub(crate) type Waiter = oneshot::Sender<Reply>;
+
+/// The session core as the runtime uses it.
+pub(crate) type Core = SessionCore<Waiter, Job>;
 
 /// Sealed bytes packed in one go, at most.
 pub(crate) const PACK_BUDGET: usize = 256 * 1024;
@@ -68,7 +72,7 @@ pub(crate) struct Tx {
 
 /// What the lock guards.
 pub(crate) struct Shared {
-    pub(crate) core: SessionCore<Waiter>,
+    pub(crate) core: Core,
     pub(crate) tx: Tx,
 }
 
@@ -175,7 +179,7 @@ impl Session {
     pub(crate) fn new(
         id: u64,
         direction: Direction,
-        core: SessionCore<Waiter>,
+        core: Core,
         enc: RecordEncoder,
         writer: Arc<dyn Writer>,
         handlers: CancellationToken,
@@ -460,7 +464,7 @@ impl Session {
         let now = Self::now();
         let mut state = self.state();
         let request = ticket.is_request();
-        state.core.finish(ticket, finished, now);
+        state.core.finish(ticket, &finished.result, now);
         if request {
             self.send_now(state, true);
         } else {
@@ -479,7 +483,7 @@ impl Session {
 pub(crate) struct CoreGuard<'a>(MutexGuard<'a, Shared>);
 
 impl std::ops::Deref for CoreGuard<'_> {
-    type Target = SessionCore<Waiter>;
+    type Target = Core;
     fn deref(&self) -> &Self::Target {
         &self.0.core
     }

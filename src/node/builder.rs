@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use capwire_authz::Authorizer;
 use capwire_envelope::NodeId;
-use capwire_manifest::{RegistryBuilder, Version};
+use capwire_manifest::Version;
 use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
 
 use crate::addr::Addr;
@@ -14,8 +14,7 @@ use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{Handler, RouteEntry, RouteHandler, Typed};
 use crate::error::NodeError;
 use crate::net::peers::Contact;
-use crate::node::Node;
-use crate::node::runtime::{self, Parts};
+use crate::node::runtime::Parts;
 
 /// An `app.*` capability with its typed handlers, ready to be added to a
 /// [`NodeBuilder`].
@@ -81,13 +80,6 @@ impl Capability {
         let route: RouteHandler = Arc::new(RouteEntry::new(Typed::<V, M, H>::new(handler)));
         self.inner = self.inner.verb::<V>(route);
         self
-    }
-
-    pub(crate) fn add_to(
-        self,
-        builder: RegistryBuilder<RouteHandler>,
-    ) -> RegistryBuilder<RouteHandler> {
-        builder.capability(self.inner)
     }
 }
 
@@ -221,28 +213,21 @@ impl NodeBuilder {
         self
     }
 
-    /// Builds the node, binds its listeners and starts accepting and dialling.
-    ///
-    /// # Errors
-    /// A registry invariant is broken, a handler needs state the node was
-    /// not given, a listener cannot bind, the keypair cannot be generated,
-    /// or a limit is invalid.
-    pub async fn start(self) -> Result<Node, NodeError> {
-        let listen = self.listen.clone();
-        let contacts = self.contacts.clone();
-        let node = Node {
-            rt: Arc::new(runtime::build(Parts::from_builder(self))?),
+    /// What the node is built from, and where it listens and whom it dials.
+    pub(crate) fn into_parts(self) -> (Parts, Vec<Addr>, Vec<Contact>) {
+        let parts = Parts {
+            app_id: self.app_id,
+            name: self.name,
+            description: self.description,
+            keypair: self.keypair,
+            policy: self.policy,
+            caps: self.caps.into_iter().map(|c| c.inner).collect(),
+            limits: self.limits,
+            transport: self.transport,
+            extensions: self.extensions,
+            authorizer: self.authorizer,
+            controller: self.controller,
         };
-        node.rt.spawn_background();
-        for addr in listen {
-            if let Err(e) = node.listen(addr).await {
-                node.shutdown().await;
-                return Err(e);
-            }
-        }
-        for contact in contacts {
-            node.add_contact(contact);
-        }
-        Ok(node)
+        (parts, self.listen, self.contacts)
     }
 }

@@ -317,6 +317,32 @@ impl Node {
     }
 }
 
+impl NodeBuilder {
+    /// Builds the node, binds its listeners and starts accepting and dialling.
+    ///
+    /// # Errors
+    /// A registry invariant is broken, a handler needs state the node was
+    /// not given, a listener cannot bind, the keypair cannot be generated,
+    /// or a limit is invalid.
+    pub async fn start(self) -> Result<Node, NodeError> {
+        let (parts, listen, contacts) = self.into_parts();
+        let node = Node {
+            rt: Arc::new(runtime::build(parts)?),
+        };
+        node.rt.spawn_background();
+        for addr in listen {
+            if let Err(e) = node.listen(addr).await {
+                node.shutdown().await;
+                return Err(e);
+            }
+        }
+        for contact in contacts {
+            node.add_contact(contact);
+        }
+        Ok(node)
+    }
+}
+
 /// What a control plane needs to bind a node: its id, addresses and the
 /// one-time code.
 #[derive(Clone, PartialEq, Eq)]

@@ -30,12 +30,12 @@ use crate::control::{Control, hello_for};
 use crate::core::monitoring::{self, ControlHandle};
 use crate::dispatch::Dispatcher;
 use crate::dispatch::extract::Extensions;
+use crate::dispatch::handler::RouteHandler;
 use crate::error::NodeError;
 use crate::net::Net;
+use crate::net::accept::{AcceptGate, AcceptLimits};
 use crate::net::conn::{ConnEnv, Timing};
-use crate::net::listener::{AcceptGate, AcceptLimits};
 use crate::net::peers::{BudgetLimits, Contact, Peers};
-use crate::node::builder::{Capability, NodeBuilder};
 use crate::node::handle::NodeHandle;
 use crate::proto::ledger::{Ledger, LedgerLimits};
 use crate::proto::session::SessionLimits;
@@ -43,37 +43,19 @@ use crate::proto::session::SessionLimits;
 /// How often the replay ledger is swept of expired entries.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
-/// What [`build`] starts from.
+/// What [`build`] starts from (what the node builder collected).
 pub(crate) struct Parts {
-    app_id: String,
-    name: Option<String>,
-    description: String,
-    keypair: Option<Keypair>,
-    policy: ContactPolicy,
-    caps: Vec<Capability>,
-    limits: Limits,
-    transport: TransportConfig,
-    extensions: Extensions,
-    authorizer: Option<Arc<dyn Authorizer>>,
-    controller: Option<NodeId>,
-}
-
-impl Parts {
-    pub(crate) fn from_builder(b: NodeBuilder) -> Self {
-        Self {
-            app_id: b.app_id,
-            name: b.name,
-            description: b.description,
-            keypair: b.keypair,
-            policy: b.policy,
-            caps: b.caps,
-            limits: b.limits,
-            transport: b.transport,
-            extensions: b.extensions,
-            authorizer: b.authorizer,
-            controller: b.controller,
-        }
-    }
+    pub(crate) app_id: String,
+    pub(crate) name: Option<String>,
+    pub(crate) description: String,
+    pub(crate) keypair: Option<Keypair>,
+    pub(crate) policy: ContactPolicy,
+    pub(crate) caps: Vec<capwire_manifest::Capability<RouteHandler>>,
+    pub(crate) limits: Limits,
+    pub(crate) transport: TransportConfig,
+    pub(crate) extensions: Extensions,
+    pub(crate) authorizer: Option<Arc<dyn Authorizer>>,
+    pub(crate) controller: Option<NodeId>,
 }
 
 /// Everything a running node owns.
@@ -124,7 +106,7 @@ pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
         },
     );
     for cap in p.caps {
-        registry = cap.add_to(registry);
+        registry = registry.capability(cap);
     }
     let registry = Arc::new(registry.build()?);
 

@@ -26,15 +26,58 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use capwire_envelope::{
-    CloseCode, ErrorBody, FrameRef, Limits as WireLimits, NodeId, PROTOCOL_VERSION, ReqId,
-    decode_frame,
+    CloseCode, ErrorBody, FrameRef, Limits as WireLimits, NodeId, PROTOCOL_VERSION, RawValue,
+    ReqId, decode_frame,
 };
 use capwire_manifest::Manifest;
 
-use crate::dispatch::job::Finished;
-use crate::dispatch::{Admit, Dispatcher, Job};
 use crate::proto::codec;
 use crate::proto::ledger::Partition;
+
+/// What to do with an inbound control envelope, as the dispatcher decides.
+#[derive(Debug)]
+pub(crate) enum Admit<J> {
+    /// Answer the request with this error; nothing runs.
+    Answer(ErrorBody),
+    /// Send this remembered response frame again; nothing runs.
+    Replay(Bytes),
+    /// A notification that does not run; it is never answered.
+    Drop,
+    /// Run it (a notification may have to wait for a slot first).
+    Run(J),
+}
+
+/// A job the dispatcher handed out, as the session core sees it.
+pub(crate) trait Work {
+    /// The request's id (empty for a notification).
+    fn req_id(&self) -> &ReqId;
+    /// The route it runs, for the ledger.
+    fn route(&self) -> u32;
+    /// The binding epoch a controller verb's answer belongs to.
+    fn answer_epoch(&self) -> Option<u64>;
+    /// Bytes it holds while it waits for a slot.
+    fn weight(&self) -> usize;
+}
+
+/// The decision the session core asks for each control envelope: the
+/// chokepoint, the ledger and the bounds (the dispatcher implements it).
+pub(crate) trait Admission {
+    /// What a job handed out looks like.
+    type Job: Work;
+    /// Decides what becomes of control envelope `c` from `sender` (the
+    /// channel's authenticated key), decoded from `record`. `part` is the
+    /// sender's ledger partition; `room` says whether the session may start
+    /// one more job now.
+    fn admit(
+        &self,
+        part: &Partition,
+        sender: &NodeId,
+        c: &capwire_envelope::ControlRef<'_>,
+        record: &Bytes,
+        now: Instant,
+        room: bool,
+    ) -> Admit<Self::Job>;
+}
 
 /// The smallest `max_record` a peer may announce: 64 KiB, room for every
 /// error response and for any record that fits one Noise message.
@@ -85,13 +128,13 @@ impl Ticket {
 
 /// Something the driver must act on.
 #[derive(Debug)]
-pub(crate) enum Event<W> {
+pub(crate) enum Event<W, J> {
     /// The peer's hello arrived and was valid: the session is open.
     Opened,
     /// The peer announced a newer manifest.
     ManifestChanged,
     /// Run this job; report its end with [`SessionCore::finish`].
-    Run(Ticket, Job),
+    Run(Ticket, J),
     /// Cancel the running job with this ticket id.
     Cancel(u64),
     /// The request job with this ticket id has ended (forget its token).
@@ -151,8 +194,8 @@ struct PeerView {
 }
 
 /// One session's protocol state. `W` is what the driver wants back when a
-/// call is answered (a oneshot sender, say).
-pub(crate) struct SessionCore<W> {
+/// call is answered (a oneshot sender, say); `J` is the dispatcher's job.
+pub(crate) struct SessionCore<W, J> {
     remote: NodeId,
     limits: SessionLimits,
     phase: Phase,
@@ -183,14 +226,14 @@ pub(crate) struct SessionCore<W> {
     running_notifications: usize,
     /// Responses queued and not yet sent: they hold in-flight slots.
     answered: usize,
-    parked: VecDeque<(Ticket, Job)>,
+    parked: VecDeque<(Ticket, J)>,
     parked_bytes: usize,
     next_job: u64,
 
-    events: VecDeque<Event<W>>,
+    events: VecDeque<Event<W, J>>,
 }
 
-impl<W> std::fmt::Debug for SessionCore<W> {
+impl<W, J> std::fmt::Debug for SessionCore<W, J> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionCore")
             .field("remote", &self.remote)
@@ -202,7 +245,7 @@ impl<W> std::fmt::Debug for SessionCore<W> {
     }
 }
 
-impl<W> SessionCore<W> {
+impl<W, J: Work> SessionCore<W, J> {
     /// A session with `remote` (the key the handshake proved), with our
     /// `hello` queued as its first record.
     pub(crate) fn new(
@@ -362,7 +405,7 @@ impl<W> SessionCore<W> {
     }
 
     /// The next event for the driver.
-    pub(crate) fn poll_event(&mut self) -> Option<Event<W>> {
+    pub(crate) fn poll_event(&mut self) -> Option<Event<W, J>> {
         self.events.pop_front()
     }
 
@@ -598,7 +641,12 @@ impl<W> SessionCore<W> {
     // Receiving
 
     /// Handles one record received from the peer.
-    pub(crate) fn handle_record(&mut self, now: Instant, record: Bytes, dispatcher: &Dispatcher) {
+    pub(crate) fn handle_record(
+        &mut self,
+        now: Instant,
+        record: Bytes,
+        dispatcher: &impl Admission<Job = J>,
+    ) {
         match self.phase {
             Phase::Closing | Phase::Ended => return,
             Phase::AwaitingHello { .. } | Phase::Open => {}
@@ -723,16 +771,16 @@ impl<W> SessionCore<W> {
         Ok(true)
     }
 
-    fn run(&mut self, job: Job) {
+    fn run(&mut self, job: J) {
         self.next_job += 1;
         let ticket = Ticket {
             id: self.next_job,
-            req_id: job.req_id.clone(),
+            req_id: job.req_id().clone(),
             route: job.route(),
             epoch: job.answer_epoch(),
         };
-        if job.is_request() {
-            self.running.insert(job.req_id.clone(), ticket.id);
+        if ticket.is_request() {
+            self.running.insert(ticket.req_id.clone(), ticket.id);
             self.events.push_back(Event::Run(ticket, job));
         } else if self.inflight() < self.limits.max_inflight && self.parked.is_empty() {
             self.running_notifications += 1;
@@ -740,7 +788,7 @@ impl<W> SessionCore<W> {
         } else {
             // Reading goes on (responses to our own calls keep arriving);
             // it stops only when the parked notifications pass their bound.
-            self.parked_bytes += job.args.as_bytes().len() + 64;
+            self.parked_bytes += job.weight();
             self.parked.push_back((ticket, job));
         }
     }
@@ -750,9 +798,7 @@ impl<W> SessionCore<W> {
             let Some((ticket, job)) = self.parked.pop_front() else {
                 break;
             };
-            self.parked_bytes = self
-                .parked_bytes
-                .saturating_sub(job.args.as_bytes().len() + 64);
+            self.parked_bytes = self.parked_bytes.saturating_sub(job.weight());
             self.running_notifications += 1;
             self.events.push_back(Event::Run(ticket, job));
         }
@@ -761,9 +807,14 @@ impl<W> SessionCore<W> {
     /// A job handed out by [`Event::Run`] has ended. For a request, its
     /// response is recorded in the ledger (even when the session has
     /// ended, so a retry on a new session gets it) and queued.
-    pub(crate) fn finish(&mut self, ticket: Ticket, finished: Finished, now: Instant) {
+    pub(crate) fn finish(
+        &mut self,
+        ticket: Ticket,
+        result: &Result<RawValue, ErrorBody>,
+        now: Instant,
+    ) {
         if ticket.is_request() {
-            let frame = codec::response(&ticket.req_id, &finished.result, self.max_frame());
+            let frame = codec::response(&ticket.req_id, result, self.max_frame());
             self.ledger
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -808,7 +859,6 @@ impl<W> SessionCore<W> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::dispatch::metrics::Outcome;
     use capwire_envelope::{
         ErrorCode, Frame, RawValue, ResponseEnvelope, encode_cancel, encode_control,
         encode_keepalive, encode_response_ok,
@@ -816,7 +866,9 @@ pub(crate) mod tests {
 
     pub(crate) use crate::fuzzing::{REMOTE, dispatcher, limits, peer_hello};
 
-    pub(crate) fn core(d: &Dispatcher, now: Instant) -> SessionCore<u32> {
+    use crate::dispatch::{Dispatcher, Job};
+
+    pub(crate) fn core(d: &Dispatcher, now: Instant) -> SessionCore<u32, Job> {
         SessionCore::new(
             REMOTE,
             Bytes::from_static(b"our hello"),
@@ -845,7 +897,7 @@ pub(crate) mod tests {
         out.into()
     }
 
-    fn sent(c: &mut SessionCore<u32>) -> Vec<Frame> {
+    fn sent(c: &mut SessionCore<u32, Job>) -> Vec<Frame> {
         let mut frames = Vec::new();
         c.transmit::<()>(usize::MAX, |r| {
             frames.push(decode_frame(r).unwrap().to_frame().unwrap());
@@ -855,7 +907,7 @@ pub(crate) mod tests {
         frames
     }
 
-    fn open(d: &Dispatcher, now: Instant) -> SessionCore<u32> {
+    fn open(d: &Dispatcher, now: Instant) -> SessionCore<u32, Job> {
         let mut c = core(d, now);
         let mut first = Vec::new();
         c.transmit::<()>(usize::MAX, |r| {
@@ -870,7 +922,7 @@ pub(crate) mod tests {
         c
     }
 
-    fn runs(c: &mut SessionCore<u32>) -> Vec<(Ticket, Job)> {
+    fn runs(c: &mut SessionCore<u32, Job>) -> Vec<(Ticket, Job)> {
         let mut jobs = Vec::new();
         while let Some(e) = c.poll_event() {
             if let Event::Run(t, j) = e {
@@ -880,11 +932,8 @@ pub(crate) mod tests {
         jobs
     }
 
-    fn ok(s: &str) -> Finished {
-        Finished {
-            result: Ok(RawValue::encode(s).unwrap()),
-            outcome: Outcome::Ok,
-        }
+    fn ok(s: &str) -> Result<RawValue, ErrorBody> {
+        Ok(RawValue::encode(s).unwrap())
     }
 
     fn response(f: &Frame) -> &ResponseEnvelope {
@@ -953,7 +1002,7 @@ pub(crate) mod tests {
         assert_eq!(jobs.len(), 1);
         assert_eq!(c.inflight(), 1);
         let (t, _) = jobs.pop().unwrap();
-        c.finish(t, ok("hi"), now);
+        c.finish(t, &ok("hi"), now);
         assert_eq!(
             c.inflight(),
             1,
@@ -1013,7 +1062,7 @@ pub(crate) mod tests {
         // Finishing one request and sending its answer starts the note.
         let mut jobs = jobs.into_iter();
         let (t, _) = jobs.next().unwrap();
-        c.finish(t, ok("x"), now);
+        c.finish(t, &ok("x"), now);
         assert!(runs(&mut c).iter().all(|(t, _)| !t.is_request()));
         sent(&mut c);
         let started = runs(&mut c);
