@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId, RawValue};
 use capwire_manifest::MonitoringStatus;
@@ -13,16 +13,7 @@ use zeroize::{Zeroize, ZeroizeOnDrop};
 
 use crate::binding::Binding;
 use crate::error::AuthzError;
-
-/// How long a pending bind lasts.
-pub const BIND_TTL: Duration = Duration::from_secs(300);
-/// Wrong codes allowed per pending bind; the last one clears it.
-pub const BIND_MAX_ATTEMPTS: u8 = 3;
-/// Characters in a bind code.
-pub const BIND_CODE_LEN: usize = 10;
-/// The 32 characters a bind code is made of: digits and capital letters
-/// without `0`, `1`, `I` and `O`, which people confuse.
-pub const BIND_CODE_ALPHABET: &str = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ";
+use crate::limits::{BIND_CODE_ALPHABET, BIND_CODE_LEN, BIND_MAX_ATTEMPTS, BIND_TTL};
 
 /// A bind code: [`BIND_CODE_LEN`] characters of [`BIND_CODE_ALPHABET`],
 /// 5 bits each, 50 bits of entropy in all. With [`BIND_MAX_ATTEMPTS`]

@@ -1,5 +1,7 @@
 //! The crate's error type.
 
+use crate::limits::{BIND_CODE_ALPHABET, BIND_CODE_LEN};
+
 /// Everything that can go wrong in this crate, apart from the typed reasons
 /// of a decision ([`DenyReason`](crate::DenyReason)) or a failed bind
 /// ([`BindFailure`](crate::BindFailure)), which are outcomes, not errors.
@@ -11,7 +13,7 @@ pub enum AuthzError {
     RngFailed,
     /// A bind code given to [`BindCode::parse`](crate::BindCode::parse) is
     /// not in the bind-code format.
-    #[error("a bind code is {len} characters of {alphabet}", len = crate::BIND_CODE_LEN, alphabet = crate::BIND_CODE_ALPHABET)]
+    #[error("a bind code is {len} characters of {alphabet}", len = BIND_CODE_LEN, alphabet = BIND_CODE_ALPHABET)]
     MalformedCode,
     /// A pluggable [`Authorizer`](crate::Authorizer) could not decide.
     #[error("the authorizer failed: {0}")]

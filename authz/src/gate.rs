@@ -7,7 +7,7 @@ use std::sync::Arc;
 use capwire_envelope::NodeId;
 
 use crate::binding::Binding;
-use crate::decide::Unauthorized;
+use crate::deny::Unauthorized;
 use crate::error::AuthzError;
 
 /// Decides whether a controller verb may run.

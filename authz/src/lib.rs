@@ -47,21 +47,33 @@
 //! assert!(!permit.still_valid(&Binding::new(None, 2)));
 //! # Ok::<(), capwire_manifest::ManifestError>(())
 //! ```
+//!
+//! # Layout
+//!
+//! One file per concern, in layers; a file imports only from the layers
+//! below it: `limits`, `binding`, `deny` → `error` → `bind`, `gate` → `decide`.
 
-mod bind;
+// Leaves: the bind ceremony's parameters, the binding snapshot, the
+// reasons for a denial.
 mod binding;
-mod decide;
+mod deny;
+mod limits;
+
+// The crate's error type; it names the bind-code format of `limits`.
 mod error;
+
+// The bind ceremony and the authorizer gate, side by side.
+mod bind;
 mod gate;
 
-pub use bind::{
-    BIND_CODE_ALPHABET, BIND_CODE_LEN, BIND_MAX_ATTEMPTS, BIND_TTL, BindCode, BindFailure,
-    BindingState, PendingInfo, SharedBinding,
-};
+// The chokepoint: the decision function and the permit it grants.
+mod decide;
+
+pub use bind::{BindCode, BindFailure, BindingState, PendingInfo, SharedBinding};
 pub use binding::Binding;
 pub use capwire_manifest::{AuthClass, DeclaredClass};
-pub use decide::{
-    Decision, DenyReason, OwnedPermit, Permit, Unauthorized, Unlisted, control_auth_class, decide,
-};
+pub use decide::{Decision, OwnedPermit, Permit, control_auth_class, decide};
+pub use deny::{DenyReason, Unauthorized, Unlisted};
 pub use error::AuthzError;
 pub use gate::{Authorizer, BoundController, Gate};
+pub use limits::{BIND_CODE_ALPHABET, BIND_CODE_LEN, BIND_MAX_ATTEMPTS, BIND_TTL};

@@ -1,4 +1,9 @@
-//! The crate's error type.
+//! The crate's error type, and the parsing of the one crate type it
+//! carries, [`CapRequirement`], which fails with it.
+//!
+//! Imports nothing from the crate but the leaf `requirement.rs`.
+
+use std::str::FromStr;
 
 use capwire_envelope::{CapId, DecodeError, EncodeError, IdError, Verb};
 use semver::Version;
@@ -248,5 +253,24 @@ impl ManifestError {
             Self::VersionUnsatisfied { .. } => Some("version_unsatisfied"),
             _ => None,
         }
+    }
+}
+
+impl FromStr for CapRequirement {
+    type Err = ManifestError;
+
+    fn from_str(s: &str) -> Result<Self, ManifestError> {
+        CapRequirement::from_text(s).map_err(|why| ManifestError::BadRequirement {
+            input: s.to_owned(),
+            why,
+        })
+    }
+}
+
+impl TryFrom<&str> for CapRequirement {
+    type Error = ManifestError;
+
+    fn try_from(s: &str) -> Result<Self, ManifestError> {
+        s.parse()
     }
 }

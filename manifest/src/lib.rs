@@ -43,20 +43,47 @@
 //! assert_eq!(manifest.require(&wanted)?.version, Version::new(1, 2, 0));
 //! # Ok::<(), capwire_manifest::ManifestError>(())
 //! ```
+//!
+//! # Layout
+//!
+//! One file per concern, in layers; a file imports only from the layers
+//! below it (the `mod` list below follows the same order, bottom first):
+//!
+//! ```text
+//!   tracker                      the current manifest, epoch by epoch
+//!   registry                     declarations checked into routes and a manifest
+//!   validate                     the rules every manifest keeps
+//!   monitoring, spec             core.monitoring; capability and verb declarations
+//!   manifest                     the manifest's wire format
+//!   error, verb                  ManifestError; typed verbs and verb!
+//!   class, limits, requirement   leaves: classes and kinds, size bounds, CapRequirement
+//! ```
 
 mod class;
-mod error;
-mod manifest;
-mod monitoring;
-mod registry;
+mod limits;
 mod requirement;
-mod spec;
-mod validate;
+
+mod error;
 mod verb;
+
+mod manifest;
+
+mod monitoring;
+mod spec;
+
+mod validate;
+
+mod registry;
+
+mod tracker;
 
 pub use class::{AuthClass, DeclaredClass, VerbKind};
 pub use error::ManifestError;
-pub use manifest::{CapabilityManifest, Manifest, ManifestTracker, MonitoringStatus, VerbManifest};
+pub use limits::{
+    MAX_APP_ID_LEN, MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN,
+    MAX_PARAMS_LEN, MAX_SCHEMA_LEN, MAX_VERBS,
+};
+pub use manifest::{CapabilityManifest, Manifest, MonitoringStatus, VerbManifest};
 pub use monitoring::{
     BindArgs, BindReply, CORE_MONITORING, MonitoringBind, MonitoringDisable, NoArgs,
 };
@@ -64,10 +91,7 @@ pub use registry::{MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Rout
 pub use requirement::CapRequirement;
 pub use semver::{Version, VersionReq};
 pub use spec::{Capability, VerbSpec};
-pub use validate::{
-    MAX_APP_ID_LEN, MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN,
-    MAX_PARAMS_LEN, MAX_SCHEMA_LEN, MAX_VERBS,
-};
+pub use tracker::ManifestTracker;
 pub use verb::{
     NotificationVerb, RequestVerb, VerbDef, cap_id_is_well_formed, verb_is_well_formed,
 };

@@ -1,4 +1,8 @@
-//! The manifest a node advertises to its peers.
+//! The manifest a node advertises to its peers: its wire format, and the
+//! lookups and requirement checks a caller runs on a peer's manifest.
+//!
+//! Below the registry, which produces manifests; its rules are checked in
+//! `validate.rs` and its epoch is kept by `tracker.rs`, both above.
 
 use std::fmt;
 
@@ -9,7 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::class::{DeclaredClass, VerbKind};
 use crate::error::ManifestError;
-use crate::registry::Registry;
 use crate::requirement::CapRequirement;
 
 /// Whether a node is watched by a control plane.
@@ -53,8 +56,8 @@ impl fmt::Display for MonitoringStatus {
 ///
 /// A peer's manifest is read with [`Manifest::decode_checked`], which
 /// bounds its length and checks every rule of the manifest
-/// ([`Manifest::validate`]); a [`Registry`] only ever produces manifests
-/// that pass.
+/// ([`Manifest::validate`]); a [`Registry`](crate::Registry) only ever
+/// produces manifests that pass.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
@@ -98,6 +101,26 @@ impl Manifest {
             && self.description == other.description
             && self.monitoring == other.monitoring
             && self.capabilities == other.capabilities
+    }
+}
+
+impl CapRequirement {
+    /// Finds the capability in `manifest` and checks its version.
+    ///
+    /// # Errors
+    /// [`ManifestError::VersionUnsatisfied`] when the manifest does not offer
+    /// the capability (`found: None`) or offers a version outside the range.
+    pub fn check<'m>(
+        &self,
+        manifest: &'m Manifest,
+    ) -> Result<&'m CapabilityManifest, ManifestError> {
+        match manifest.capability(self.cap().as_str()) {
+            Some(cap) if self.req().matches(&cap.version) => Ok(cap),
+            found => Err(ManifestError::VersionUnsatisfied {
+                wanted: self.clone(),
+                found: found.map(|c| c.version.clone()),
+            }),
+        }
     }
 }
 
@@ -153,61 +176,4 @@ where
     T: Deserialize<'de>,
 {
     T::deserialize(d)
-}
-
-/// Keeps a node's current manifest and bumps its epoch on every change.
-///
-/// ```
-/// # use capwire_manifest::*;
-/// # use capwire_envelope::NodeId;
-/// let info = NodeInfo::new(NodeId::from_bytes([1; 32]), "demo");
-/// let registry = Registry::builder(info, MonitoringHandlers { bind: (), disable: () })
-///     .build()
-///     .unwrap();
-/// let mut tracker = ManifestTracker::new(&registry, MonitoringStatus::Off);
-/// assert_eq!(tracker.manifest().epoch, 1);
-/// assert!(!tracker.refresh(&registry, MonitoringStatus::Off)); // nothing changed
-/// assert!(tracker.refresh(&registry, MonitoringStatus::On));
-/// assert_eq!(tracker.manifest().epoch, 2);
-/// ```
-#[derive(Debug, Clone)]
-pub struct ManifestTracker {
-    current: Manifest,
-}
-
-impl ManifestTracker {
-    /// Starts at epoch 1.
-    pub fn new<H>(registry: &Registry<H>, monitoring: MonitoringStatus) -> Self {
-        Self::starting_at(registry, monitoring, 1)
-    }
-
-    /// Starts at the given epoch, e.g. one past the last epoch persisted
-    /// before a restart.
-    pub fn starting_at<H>(
-        registry: &Registry<H>,
-        monitoring: MonitoringStatus,
-        epoch: u64,
-    ) -> Self {
-        Self {
-            current: registry.manifest(monitoring, epoch),
-        }
-    }
-
-    /// The current manifest.
-    pub fn manifest(&self) -> &Manifest {
-        &self.current
-    }
-
-    /// Recomputes the manifest; if anything changed, bumps the epoch and
-    /// returns `true`.
-    pub fn refresh<H>(&mut self, registry: &Registry<H>, monitoring: MonitoringStatus) -> bool {
-        let next_epoch = self.current.epoch.saturating_add(1);
-        let next = registry.manifest(monitoring, next_epoch);
-        if next.same_content(&self.current) {
-            false
-        } else {
-            self.current = next;
-            true
-        }
-    }
 }

@@ -12,13 +12,11 @@ use semver::Version;
 
 use crate::class::{DeclaredClass, VerbKind};
 use crate::error::ManifestError;
+use crate::limits::{MAX_APP_ID_LEN, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN};
 use crate::manifest::{CapabilityManifest, Manifest, MonitoringStatus, VerbManifest};
 use crate::monitoring::{self, MonitoringBind, MonitoringDisable};
 use crate::spec::{Capability, VerbSpec};
-use crate::validate::{
-    MAX_APP_ID_LEN, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN, check_len, check_params,
-    check_schema, encoded_len,
-};
+use crate::validate::{check_len, check_params, check_schema, encoded_len};
 
 /// Who a node is, as its manifest says.
 #[derive(Debug, Clone, PartialEq, Eq)]

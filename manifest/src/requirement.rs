@@ -1,13 +1,13 @@
 //! Version requirements such as `app.echo@^1.2`.
+//!
+//! A leaf: the value and its grammar only. Checking one against a manifest
+//! is [`CapRequirement::check`], in `manifest.rs`; its `FromStr` is in
+//! `error.rs`, since the error it fails with carries a requirement.
 
 use std::fmt;
-use std::str::FromStr;
 
 use capwire_envelope::CapId;
 use semver::VersionReq;
-
-use crate::error::ManifestError;
-use crate::manifest::{CapabilityManifest, Manifest};
 
 /// A capability a caller requires, with a semver range.
 ///
@@ -43,22 +43,23 @@ impl CapRequirement {
         &self.req
     }
 
-    /// Finds the capability in `manifest` and checks its version.
+    /// Parses the text form; on failure, says what is wrong with it.
     ///
-    /// # Errors
-    /// [`ManifestError::VersionUnsatisfied`] when the manifest does not offer
-    /// the capability (`found: None`) or offers a version outside the range.
-    pub fn check<'m>(
-        &self,
-        manifest: &'m Manifest,
-    ) -> Result<&'m CapabilityManifest, ManifestError> {
-        match manifest.capability(self.cap.as_str()) {
-            Some(cap) if self.req.matches(&cap.version) => Ok(cap),
-            found => Err(ManifestError::VersionUnsatisfied {
-                wanted: self.clone(),
-                found: found.map(|c| c.version.clone()),
-            }),
-        }
+    /// The `FromStr` and `TryFrom<&str>` impls (in `error.rs`, next to the
+    /// error they fail with) wrap this into
+    /// [`ManifestError::BadRequirement`](crate::ManifestError::BadRequirement).
+    pub(crate) fn from_text(s: &str) -> Result<Self, String> {
+        let (cap, req) = match s.split_once('@') {
+            Some((cap, req)) => (cap, Some(req)),
+            None => (s, None),
+        };
+        let cap = CapId::try_from(cap).map_err(|e| e.to_string())?;
+        let req = match req {
+            None => VersionReq::STAR,
+            Some(r) if r.trim().is_empty() => return Err("empty version range".to_owned()),
+            Some(r) => VersionReq::parse(r).map_err(|e| e.to_string())?,
+        };
+        Ok(Self { cap, req })
     }
 }
 
@@ -69,35 +70,5 @@ impl fmt::Display for CapRequirement {
         } else {
             write!(f, "{}@{}", self.cap, self.req)
         }
-    }
-}
-
-impl FromStr for CapRequirement {
-    type Err = ManifestError;
-
-    fn from_str(s: &str) -> Result<Self, ManifestError> {
-        let bad = |why: String| ManifestError::BadRequirement {
-            input: s.to_owned(),
-            why,
-        };
-        let (cap, req) = match s.split_once('@') {
-            Some((cap, req)) => (cap, Some(req)),
-            None => (s, None),
-        };
-        let cap = CapId::try_from(cap).map_err(|e| bad(e.to_string()))?;
-        let req = match req {
-            None => VersionReq::STAR,
-            Some(r) if r.trim().is_empty() => return Err(bad("empty version range".to_owned())),
-            Some(r) => VersionReq::parse(r).map_err(|e| bad(e.to_string()))?,
-        };
-        Ok(Self { cap, req })
-    }
-}
-
-impl TryFrom<&str> for CapRequirement {
-    type Error = ManifestError;
-
-    fn try_from(s: &str) -> Result<Self, ManifestError> {
-        s.parse()
     }
 }

@@ -1,6 +1,10 @@
 //! The rules every manifest keeps (`WIRE.md` section 3.1), checked on a
 //! peer's manifest when it arrives and on a node's own when its registry is
 //! built.
+//!
+//! Above the manifest format (it adds [`Manifest::validate`] and
+//! [`Manifest::decode_checked`]) and below the registry, which holds its own
+//! manifest to these rules. The bounds themselves are in `limits.rs`.
 
 use std::fmt::Write as _;
 
@@ -8,26 +12,12 @@ use capwire_envelope::{CapId, Verb, from_slice, to_vec};
 
 use crate::class::{DeclaredClass, VerbKind};
 use crate::error::ManifestError;
+use crate::limits::{
+    MAX_APP_ID_LEN, MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN,
+    MAX_PARAMS_LEN, MAX_SCHEMA_LEN, MAX_VERBS,
+};
 use crate::manifest::{CapabilityManifest, Manifest};
 use crate::monitoring::CORE_MONITORING;
-
-/// Longest `app_id`, in bytes.
-pub const MAX_APP_ID_LEN: usize = 64;
-/// Longest `name`, in bytes.
-pub const MAX_NAME_LEN: usize = 128;
-/// Longest `description`, in bytes.
-pub const MAX_DESCRIPTION_LEN: usize = 1024;
-/// Longest capability params text, in bytes.
-pub const MAX_PARAMS_LEN: usize = 4096;
-/// Longest JSON Schema text of a verb's args or result, in bytes.
-pub const MAX_SCHEMA_LEN: usize = 16 * 1024;
-/// Most capabilities one manifest lists, `core.monitoring` included.
-pub const MAX_CAPABILITIES: usize = 128;
-/// Most verbs one capability lists.
-pub const MAX_VERBS: usize = 128;
-/// Longest encoded manifest, in bytes (1 MiB). A receiver checks it on the
-/// bytes, before decoding anything.
-pub const MAX_MANIFEST_LEN: usize = 1 << 20;
 
 /// The verbs `core.monitoring` has, each with its kind and class, by name.
 const MONITORING_VERBS: [(&str, VerbKind, DeclaredClass); 2] = [

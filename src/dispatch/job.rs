@@ -82,8 +82,11 @@ pub(crate) fn start(
     now: Instant,
     task: &mut TaskContext<'_>,
 ) -> Started {
-    // A binding change since the decision takes effect here.
-    if let Err(reason) = job.permit.recheck(&dispatcher.binding().snapshot()) {
+    // A binding change since the decision takes effect here (bootstrap
+    // verbs do not depend on the binding).
+    if job.permit.class() == capwire_manifest::DeclaredClass::Controller
+        && let Err(reason) = job.permit.recheck(&dispatcher.binding().snapshot())
+    {
         return Started::Done(Finished {
             result: Err(reason.error_body()),
             outcome: Outcome::Unauthorized,

@@ -245,10 +245,12 @@ impl Session {
         &self.driver
     }
 
-    /// Tells the driver there is something to do.
+    /// Tells the driver there is something to do (once until it looks:
+    /// a burst of frames costs one wake-up).
     pub(crate) fn wake(&self) {
-        self.dirty.store(true, Ordering::Release);
-        self.driver.wake();
+        if !self.dirty.swap(true, Ordering::AcqRel) {
+            self.driver.wake();
+        }
     }
 
     /// Whether something was queued since the last call (and clears it).

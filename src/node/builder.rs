@@ -83,7 +83,7 @@ impl Capability {
     }
 }
 
-/// Builds a [`Node`].
+/// Builds a [`Node`](crate::Node).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), capwire::NodeError> {
