@@ -1,352 +1,773 @@
-//! Node runtime benchmarks, each against a baseline measured in the same run:
+//! Node runtime benchmarks. Every capwire figure is printed beside its
+//! baselines, measured in the same run and interleaved with it (so that
+//! background load hits all alike), with ratios and the target:
 //!
-//! - request/response round trip of a small envelope vs a raw tokio TCP
-//!   round trip of the same size vs a snow (Noise XX) echo;
-//! - fire-and-forget envelopes per second on one connection;
-//! - pipelined requests per second with 128 in flight.
+//! - `rtt`: request/response round trip with a 64 B payload, one at a
+//!   time: a raw tokio TCP echo, a snow (`Noise_XX_25519_ChaChaPoly_BLAKE2s`)
+//!   echo, and capwire `Peer::request` to an echo handler that finishes
+//!   inline;
+//! - `pipe`: the same requests with 128 in flight, requests/s;
+//! - `faf`: fire-and-forget 64 B messages on one connection: capwire
+//!   notifications (envelopes/s) against one-way raw TCP and snow
+//!   messages; plus capwire's `u64` tick notification on its own.
 //!
-//! Run with `cargo bench --bench node`. Figures are printed with ratios.
+//! Each runs in two placements:
+//!
+//! - `shared`: both ends on one 2-worker tokio runtime;
+//! - `split`: each end on a single-threaded runtime on its own OS thread,
+//!   as two processes would be: the client (the capwire client node and
+//!   its caller, or the baseline's client) on one, the server on the other.
+//!
+//! The baselines are written the way a tokio user would (as in the
+//! transport bench): 2-byte length prefix, one Noise message per payload,
+//! a 64 KiB `BufReader` on the receiving side; snow writes each message
+//! with its own `write_all`, raw TCP writes through a `BufWriter` flushed
+//! when it is about to wait (so it batches: an upper bound).
+//!
+//! `cargo bench --bench node` runs everything, best of 3 (about a minute);
+//! `--quick` or `CAPWIRE_BENCH_QUICK=1` runs small counts once (seconds).
+//! Filters, each a comma-separated list, for profiling one figure:
+//!
+//! - `CAPWIRE_BENCH_ONLY=rtt,pipe,faf`: sections (all by default);
+//! - `CAPWIRE_BENCH_PLACEMENT=shared,split`: placements (both by default);
+//! - `CAPWIRE_BENCH_STACK=capwire,snow,raw`: stacks (all by default);
+//! - `CAPWIRE_BENCH_RT=current`: the shared placement on one
+//!   current-thread runtime instead of two workers;
+//! - `CAPWIRE_BENCH_N=count`: messages per run, for every selected section;
+//! - `CAPWIRE_BENCH_RUNS=k`: best of k (3, or 1 when quick).
+//!
+//! e.g. `CAPWIRE_BENCH_ONLY=pipe CAPWIRE_BENCH_STACK=capwire
+//! CAPWIRE_BENCH_PLACEMENT=split CAPWIRE_BENCH_RUNS=1 target/release/deps/node-*`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use capwire::manifest::verb;
-use capwire::{Capability, HandlerError, Limits, Node, State};
+use capwire::transport::{PROLOGUE, PROTOCOL_NAME};
+use capwire::{Capability, HandlerError, Limits, Node, Peer, State};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
+use tokio::sync::{Notify, oneshot};
 
 verb! { /** Echo. */ pub struct Echo: request "app.bench" / "echo", Bootstrap, String => String; }
-verb! { /** Count. */ pub struct Tick: notification "app.bench" / "tick", Bootstrap, u64; }
+verb! { /** A 64 B note. */ pub struct Note: notification "app.bench" / "note", Bootstrap, String; }
+verb! { /** A counter tick. */ pub struct Tick: notification "app.bench" / "tick", Bootstrap, u64; }
 
 const PAYLOAD: usize = 64;
+const WINDOW: usize = 128;
+
+// ---------------------------------------------------------------------------
+// Options
+
+fn list(var: &str) -> Option<Vec<String>> {
+    std::env::var(var)
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
+}
+
+fn wanted(filter: &Option<Vec<String>>, name: &str) -> bool {
+    filter.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
+}
+
+struct Opts {
+    quick: bool,
+    runs: usize,
+    n: Option<u64>,
+    sections: Option<Vec<String>>,
+    placements: Option<Vec<String>>,
+    stacks: Option<Vec<String>>,
+    shared_current: bool,
+}
+
+impl Opts {
+    fn from_env() -> Self {
+        let quick = std::env::args().any(|a| a == "--quick" || a == "--test")
+            || std::env::var("CAPWIRE_BENCH_QUICK").is_ok_and(|v| v != "0");
+        let num = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
+        Self {
+            quick,
+            runs: num("CAPWIRE_BENCH_RUNS").map_or(if quick { 1 } else { 3 }, |r| {
+                usize::try_from(r.max(1)).unwrap()
+            }),
+            n: num("CAPWIRE_BENCH_N"),
+            sections: list("CAPWIRE_BENCH_ONLY"),
+            placements: list("CAPWIRE_BENCH_PLACEMENT"),
+            stacks: list("CAPWIRE_BENCH_STACK"),
+            shared_current: std::env::var("CAPWIRE_BENCH_RT").as_deref() == Ok("current"),
+        }
+    }
+
+    fn count(&self, which: Which) -> u64 {
+        let (full, quick) = match which {
+            Which::Rtt => (20_000, 500),
+            Which::Pipe => (300_000, 5_000),
+            Which::Faf | Which::Tick => (1_000_000, 20_000),
+        };
+        self.n.unwrap_or(if self.quick { quick } else { full })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Where the two ends run
+
+/// A current-thread runtime driven by an OS thread of its own until dropped.
+struct RtThread {
+    handle: Handle,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RtThread {
+    fn start(name: &str) -> Self {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                handle_tx.send(rt.handle().clone()).unwrap();
+                rt.block_on(async {
+                    let _ = stopped.await;
+                });
+            })
+            .unwrap();
+        Self {
+            handle: handle_rx.recv().unwrap(),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RtThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+enum Hosts {
+    Workers(tokio::runtime::Runtime),
+    Threads(Vec<RtThread>),
+}
+
+/// The runtimes the server end and the client end run on.
+struct Placement {
+    name: &'static str,
+    server: Handle,
+    client: Handle,
+    hosts: Option<Hosts>,
+}
+
+impl Placement {
+    fn shared(current: bool) -> Self {
+        if current {
+            let t = RtThread::start("bench-shared");
+            let h = t.handle.clone();
+            return Self {
+                name: "shared",
+                server: h.clone(),
+                client: h,
+                hosts: Some(Hosts::Threads(vec![t])),
+            };
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let h = rt.handle().clone();
+        Self {
+            name: "shared",
+            server: h.clone(),
+            client: h,
+            hosts: Some(Hosts::Workers(rt)),
+        }
+    }
+
+    fn split() -> Self {
+        let server = RtThread::start("bench-server");
+        let client = RtThread::start("bench-client");
+        Self {
+            name: "split",
+            server: server.handle.clone(),
+            client: client.handle.clone(),
+            hosts: Some(Hosts::Threads(vec![client, server])),
+        }
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        match self.hosts.take() {
+            Some(Hosts::Workers(rt)) => rt.shutdown_timeout(Duration::from_secs(1)),
+            Some(Hosts::Threads(threads)) => drop(threads),
+            None => {}
+        }
+    }
+}
+
+/// Runs `f` as a task on `h` and waits for it: the work runs on the
+/// runtime's own threads, never on the thread that waits.
+fn run_on<F>(h: &Handle, f: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    h.block_on(h.spawn(f)).expect("benchmark task failed")
+}
+
+// ---------------------------------------------------------------------------
+// Baselines: raw TCP and snow, both with 2-byte length prefixes
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stack {
+    Capwire,
+    Snow,
+    Raw,
+}
+
+impl Stack {
+    fn name(self) -> &'static str {
+        match self {
+            Stack::Capwire => "capwire",
+            Stack::Snow => "snow",
+            Stack::Raw => "raw",
+        }
+    }
+}
+
+const STACKS: [Stack; 3] = [Stack::Capwire, Stack::Snow, Stack::Raw];
+
+fn snow_builder(secret: &[u8]) -> snow::Builder<'_> {
+    snow::Builder::new(PROTOCOL_NAME.parse().unwrap())
+        .local_private_key(secret)
+        .unwrap()
+        .prologue(PROLOGUE)
+        .unwrap()
+}
+
+async fn write_framed(s: &mut TcpStream, msg: &[u8]) {
+    let mut framed = u16::try_from(msg.len()).unwrap().to_be_bytes().to_vec();
+    framed.extend_from_slice(msg);
+    s.write_all(&framed).await.unwrap();
+}
+
+async fn read_framed(s: &mut TcpStream) -> Vec<u8> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).await.unwrap();
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut buf).await.unwrap();
+    buf
+}
+
+/// The Noise XX handshake, unbuffered, as the transport bench does it.
+async fn snow_handshake(s: &mut TcpStream, initiator: bool) -> snow::TransportState {
+    let key = snow_builder(&[0; 32]).generate_keypair().unwrap().private;
+    let mut out = vec![0u8; 65535];
+    let hs = if initiator {
+        let mut hs = snow_builder(&key).build_initiator().unwrap();
+        let n = hs.write_message(&[], &mut out).unwrap();
+        write_framed(s, &out[..n]).await;
+        let msg = read_framed(s).await;
+        hs.read_message(&msg, &mut out).unwrap();
+        let n = hs.write_message(&[], &mut out).unwrap();
+        write_framed(s, &out[..n]).await;
+        hs
+    } else {
+        let mut hs = snow_builder(&key).build_responder().unwrap();
+        let msg = read_framed(s).await;
+        hs.read_message(&msg, &mut out).unwrap();
+        let n = hs.write_message(&[], &mut out).unwrap();
+        write_framed(s, &out[..n]).await;
+        let msg = read_framed(s).await;
+        hs.read_message(&msg, &mut out).unwrap();
+        hs
+    };
+    hs.into_transport_mode().unwrap()
+}
+
+/// One end of a baseline connection.
+struct Wire {
+    r: BufReader<OwnedReadHalf>,
+    w: BufWriter<OwnedWriteHalf>,
+    noise: Option<Box<snow::TransportState>>,
+    out: Vec<u8>,
+    inb: Vec<u8>,
+}
+
+impl Wire {
+    async fn open(mut s: TcpStream, stack: Stack, initiator: bool) -> Self {
+        s.set_nodelay(true).unwrap();
+        let noise = match stack {
+            Stack::Snow => Some(Box::new(snow_handshake(&mut s, initiator).await)),
+            _ => None,
+        };
+        let (r, w) = s.into_split();
+        Self {
+            r: BufReader::with_capacity(64 * 1024, r),
+            w: BufWriter::with_capacity(64 * 1024, w),
+            noise,
+            out: vec![0u8; 2 + 65535],
+            inb: Vec::new(),
+        }
+    }
+
+    /// snow: one `write_all` per message; raw: into the `BufWriter`.
+    async fn send(&mut self, payload: &[u8]) {
+        match &mut self.noise {
+            Some(t) => {
+                let n = t.write_message(payload, &mut self.out[2..]).unwrap();
+                self.out[..2].copy_from_slice(&u16::try_from(n).unwrap().to_be_bytes());
+                self.w
+                    .get_mut()
+                    .write_all(&self.out[..2 + n])
+                    .await
+                    .unwrap();
+            }
+            None => {
+                let len = u16::try_from(payload.len()).unwrap().to_be_bytes();
+                self.w.write_all(&len).await.unwrap();
+                self.w.write_all(payload).await.unwrap();
+            }
+        }
+    }
+
+    async fn flush(&mut self) {
+        self.w.flush().await.unwrap();
+    }
+
+    /// Whether a message may be waiting in the read buffer.
+    fn buffered(&self) -> bool {
+        !self.r.buffer().is_empty()
+    }
+
+    /// The next message's payload into `into`; false at the end.
+    async fn recv(&mut self, into: &mut Vec<u8>) -> bool {
+        let mut len = [0u8; 2];
+        if self.r.read_exact(&mut len).await.is_err() {
+            return false;
+        }
+        let n = usize::from(u16::from_be_bytes(len));
+        match &mut self.noise {
+            Some(t) => {
+                self.inb.resize(n, 0);
+                if self.r.read_exact(&mut self.inb).await.is_err() {
+                    return false;
+                }
+                into.resize(n, 0);
+                let p = t.read_message(&self.inb, into).unwrap();
+                into.truncate(p);
+            }
+            None => {
+                into.resize(n, 0);
+                if self.r.read_exact(into).await.is_err() {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+enum Serve {
+    Echo,
+    /// Receives `n` messages and reports when the last one arrived.
+    Sink(u64, oneshot::Sender<Instant>),
+}
+
+async fn serve(stack: Stack, mode: Serve, ready: oneshot::Sender<std::net::SocketAddr>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    ready.send(listener.local_addr().unwrap()).unwrap();
+    let (s, _) = listener.accept().await.unwrap();
+    let mut wire = Wire::open(s, stack, false).await;
+    let mut msg = Vec::new();
+    match mode {
+        Serve::Echo => {
+            while wire.recv(&mut msg).await {
+                wire.send(&msg).await;
+                if !wire.buffered() {
+                    wire.flush().await;
+                }
+            }
+        }
+        Serve::Sink(n, last) => {
+            for _ in 0..n {
+                assert!(wire.recv(&mut msg).await);
+            }
+            let _ = last.send(Instant::now());
+        }
+    }
+}
+
+/// One baseline figure, run from the client end; the server is spawned
+/// on `server`.
+async fn baseline(server: Handle, stack: Stack, which: Which, n: u64) -> f64 {
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let (last_tx, last_rx) = oneshot::channel();
+    let mode = if which == Which::Faf {
+        Serve::Sink(n, last_tx)
+    } else {
+        Serve::Echo
+    };
+    let srv = server.spawn(serve(stack, mode, ready_tx));
+    let addr = ready_rx.await.unwrap();
+    let mut wire = Wire::open(TcpStream::connect(addr).await.unwrap(), stack, true).await;
+    let payload = [7u8; PAYLOAD];
+    let mut msg = Vec::new();
+    let start = Instant::now();
+    let figure = match which {
+        Which::Rtt => {
+            for _ in 0..n {
+                wire.send(&payload).await;
+                wire.flush().await;
+                assert!(wire.recv(&mut msg).await);
+                assert_eq!(msg.len(), PAYLOAD);
+            }
+            per_op_us(start.elapsed(), n)
+        }
+        Which::Pipe => {
+            let (mut sent, mut done) = (0u64, 0u64);
+            while done < n {
+                while sent - done < WINDOW as u64 && sent < n {
+                    wire.send(&payload).await;
+                    sent += 1;
+                }
+                if !wire.buffered() {
+                    wire.flush().await;
+                }
+                assert!(wire.recv(&mut msg).await);
+                done += 1;
+            }
+            rate_k(start.elapsed(), n)
+        }
+        Which::Faf => {
+            for _ in 0..n {
+                wire.send(&payload).await;
+            }
+            wire.flush().await;
+            let end = last_rx.await.unwrap();
+            rate_k(end - start, n)
+        }
+        Which::Tick => unreachable!("capwire only"),
+    };
+    drop(wire);
+    srv.await.unwrap();
+    figure
+}
+
+// ---------------------------------------------------------------------------
+// capwire
+
+/// Counts notifications; wakes the waiter when `target` is reached.
+#[derive(Default)]
+struct Arrivals {
+    count: AtomicU64,
+    target: AtomicU64,
+    reached: Notify,
+}
+
+impl Arrivals {
+    fn arrive(&self) {
+        let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.target.load(Ordering::SeqCst) {
+            self.reached.notify_one();
+        }
+    }
+}
 
 async fn echo(args: String) -> Result<String, HandlerError> {
     Ok(args)
 }
 
-async fn tick(_n: u64, State(count): State<Arc<AtomicU64>>) -> Result<(), HandlerError> {
-    count.fetch_add(1, Ordering::Relaxed);
+async fn note(_text: String, State(a): State<Arc<Arrivals>>) -> Result<(), HandlerError> {
+    a.arrive();
     Ok(())
 }
 
-fn per_op(total: Duration, n: u64) -> Duration {
-    total / u32::try_from(n).unwrap()
+async fn tick(_n: u64, State(a): State<Arc<Arrivals>>) -> Result<(), HandlerError> {
+    a.arrive();
+    Ok(())
 }
 
-/// Best of `runs` measurements of `n` sequential round trips.
-async fn best_of<F, Fut>(runs: usize, n: u64, mut f: F) -> Duration
-where
-    F: FnMut(u64) -> Fut,
-    Fut: std::future::Future<Output = Duration>,
-{
-    let mut best = Duration::MAX;
-    for _ in 0..runs {
-        best = best.min(per_op(f(n).await, n));
-    }
-    best
-}
-
-async fn raw_tcp_rtt(n: u64) -> Duration {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        s.set_nodelay(true).unwrap();
-        let mut buf = [0u8; PAYLOAD];
-        while s.read_exact(&mut buf).await.is_ok() {
-            if s.write_all(&buf).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut c = TcpStream::connect(addr).await.unwrap();
-    c.set_nodelay(true).unwrap();
-    let mut buf = [7u8; PAYLOAD];
-    let start = Instant::now();
-    for _ in 0..n {
-        c.write_all(&buf).await.unwrap();
-        c.read_exact(&mut buf).await.unwrap();
-    }
-    let took = start.elapsed();
-    drop(c);
-    let _ = server.await;
-    took
-}
-
-const SNOW_PARAMS: &str = "Noise_XX_25519_ChaChaPoly_BLAKE2s";
-
-async fn read_msg(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
-    let mut len = [0u8; 2];
-    if s.read_exact(&mut len).await.is_err() {
-        return false;
-    }
-    buf.resize(usize::from(u16::from_be_bytes(len)), 0);
-    s.read_exact(buf).await.is_ok()
-}
-
-async fn write_msg(s: &mut TcpStream, msg: &[u8]) {
-    let mut framed = Vec::with_capacity(2 + msg.len());
-    framed.extend_from_slice(&u16::try_from(msg.len()).unwrap().to_be_bytes());
-    framed.extend_from_slice(msg);
-    s.write_all(&framed).await.unwrap();
-}
-
-async fn snow_rtt(n: u64) -> Duration {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        s.set_nodelay(true).unwrap();
-        let builder = snow::Builder::new(SNOW_PARAMS.parse().unwrap());
-        let key = builder.generate_keypair().unwrap();
-        let mut hs = snow::Builder::new(SNOW_PARAMS.parse().unwrap())
-            .local_private_key(&key.private)
-            .unwrap()
-            .build_responder()
-            .unwrap();
-        let mut buf = Vec::new();
-        let mut out = vec![0u8; 65535];
-        read_msg(&mut s, &mut buf).await;
-        hs.read_message(&buf, &mut out).unwrap();
-        let len = hs.write_message(&[], &mut out).unwrap();
-        write_msg(&mut s, &out[..len]).await;
-        read_msg(&mut s, &mut buf).await;
-        hs.read_message(&buf, &mut out).unwrap();
-        let mut t = hs.into_transport_mode().unwrap();
-        let mut plain = vec![0u8; 65535];
-        while read_msg(&mut s, &mut buf).await {
-            let len = t.read_message(&buf, &mut plain).unwrap();
-            let len = t.write_message(&plain[..len], &mut out).unwrap();
-            write_msg(&mut s, &out[..len]).await;
-        }
-    });
-    let mut c = TcpStream::connect(addr).await.unwrap();
-    c.set_nodelay(true).unwrap();
-    let builder = snow::Builder::new(SNOW_PARAMS.parse().unwrap());
-    let key = builder.generate_keypair().unwrap();
-    let mut hs = snow::Builder::new(SNOW_PARAMS.parse().unwrap())
-        .local_private_key(&key.private)
-        .unwrap()
-        .build_initiator()
-        .unwrap();
-    let mut out = vec![0u8; 65535];
-    let mut buf = Vec::new();
-    let len = hs.write_message(&[], &mut out).unwrap();
-    write_msg(&mut c, &out[..len]).await;
-    read_msg(&mut c, &mut buf).await;
-    hs.read_message(&buf, &mut out).unwrap();
-    let len = hs.write_message(&[], &mut out).unwrap();
-    write_msg(&mut c, &out[..len]).await;
-    let mut t = hs.into_transport_mode().unwrap();
-    let payload = [7u8; PAYLOAD];
-    let mut plain = vec![0u8; 65535];
-    let start = Instant::now();
-    for _ in 0..n {
-        let len = t.write_message(&payload, &mut out).unwrap();
-        write_msg(&mut c, &out[..len]).await;
-        read_msg(&mut c, &mut buf).await;
-        t.read_message(&buf, &mut plain).unwrap();
-    }
-    let took = start.elapsed();
-    drop(c);
-    let _ = server.await;
-    took
-}
-
-struct Pair {
+/// A server node on the placement's server runtime, a client node (and
+/// its session) on the client runtime.
+struct CapwirePair {
     server: Node,
     client: Node,
-    peer: capwire::Peer,
-    ticks: Arc<AtomicU64>,
+    peer: Peer,
+    arrivals: Arc<Arrivals>,
 }
 
-async fn pair() -> Pair {
-    let ticks = Arc::new(AtomicU64::new(0));
-    let cap = Capability::new("app.bench", "1.0.0")
-        .unwrap()
-        .handle(Echo, echo)
-        .handle(Tick, tick);
-    let limits = Limits {
-        max_inflight_per_session: 4096,
-        ..Limits::default()
+impl CapwirePair {
+    fn start(p: &Placement) -> Self {
+        let arrivals = Arc::new(Arrivals::default());
+        let state = arrivals.clone();
+        let server = run_on(&p.server, async move {
+            let cap = Capability::new("app.bench", "1.0.0")
+                .unwrap()
+                .handle(Echo, echo)
+                .handle(Note, note)
+                .handle(Tick, tick);
+            Node::builder("bench-server")
+                .listen("127.0.0.1:0".parse().unwrap())
+                .capability(cap)
+                .state(state)
+                .limits(Limits {
+                    max_inflight_per_session: 4096,
+                    ..Limits::default()
+                })
+                .start()
+                .await
+                .unwrap()
+        });
+        let (addr, id) = (server.local_addrs()[0].clone(), server.id());
+        let (client, peer) = run_on(&p.client, async move {
+            let client = Node::builder("bench-client").start().await.unwrap();
+            let peer = client.connect(&addr, Some(id)).await.unwrap();
+            (client, peer)
+        });
+        Self {
+            server,
+            client,
+            peer,
+            arrivals,
+        }
+    }
+
+    fn stop(self, p: &Placement) {
+        let Self { server, client, .. } = self;
+        run_on(&p.client, async move { client.shutdown().await });
+        run_on(&p.server, async move { server.shutdown().await });
+    }
+}
+
+async fn capwire_figure(peer: Peer, arrivals: Arc<Arrivals>, which: Which, n: u64) -> f64 {
+    let payload = "x".repeat(PAYLOAD);
+    let start = Instant::now();
+    match which {
+        Which::Rtt => {
+            for _ in 0..n {
+                let out = peer.request(Echo, payload.clone()).await.unwrap();
+                assert_eq!(out.len(), PAYLOAD);
+            }
+            per_op_us(start.elapsed(), n)
+        }
+        Which::Pipe => {
+            let mut in_flight = FuturesUnordered::new();
+            let (mut sent, mut done) = (0u64, 0u64);
+            while done < n {
+                while in_flight.len() < WINDOW && sent < n {
+                    in_flight.push(peer.request(Echo, payload.clone()));
+                    sent += 1;
+                }
+                if let Some(r) = in_flight.next().await {
+                    assert_eq!(r.unwrap().len(), PAYLOAD);
+                    done += 1;
+                }
+            }
+            rate_k(start.elapsed(), n)
+        }
+        Which::Faf | Which::Tick => {
+            let before = arrivals.count.load(Ordering::SeqCst);
+            arrivals.target.store(before + n, Ordering::SeqCst);
+            for i in 0..n {
+                if which == Which::Tick {
+                    peer.notify(Tick, i).await.unwrap();
+                } else {
+                    peer.notify(Note, payload.clone()).await.unwrap();
+                }
+            }
+            arrivals.reached.notified().await;
+            rate_k(start.elapsed(), n)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Figures and the table
+
+fn per_op_us(total: Duration, n: u64) -> f64 {
+    total.as_secs_f64() * 1e6 / n as f64
+}
+
+fn rate_k(total: Duration, n: u64) -> f64 {
+    n as f64 / total.as_secs_f64() / 1e3
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    Rtt,
+    Pipe,
+    Faf,
+    Tick,
+}
+
+impl Which {
+    fn section(self) -> &'static str {
+        match self {
+            Which::Rtt => "rtt",
+            Which::Pipe => "pipe",
+            Which::Faf | Which::Tick => "faf",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Which::Rtt => "round trip, sequential",
+            Which::Pipe => "requests, 128 in flight",
+            Which::Faf => "one-way 64 B messages",
+            Which::Tick => "one-way u64 tick, capwire",
+        }
+    }
+
+    fn unit(self) -> &'static str {
+        match self {
+            Which::Rtt => "µs",
+            Which::Pipe => "k req/s",
+            Which::Faf | Which::Tick => "k msg/s",
+        }
+    }
+
+    fn higher_is_better(self) -> bool {
+        self != Which::Rtt
+    }
+
+    fn stacks(self) -> &'static [Stack] {
+        if self == Which::Tick {
+            &STACKS[..1]
+        } else {
+            &STACKS
+        }
+    }
+
+    /// The target, and whether the figures meet it.
+    fn target(self, capwire: f64, snow: f64) -> String {
+        let verdict = |ok: bool| if ok { "met" } else { "missed" };
+        match self {
+            Which::Rtt => format!("capwire/snow <= 1.10x: {}", verdict(capwire / snow <= 1.1)),
+            Which::Pipe => format!(
+                ">= 200 k req/s: {:.2}x, {}",
+                capwire / 200.0,
+                verdict(capwire >= 200.0)
+            ),
+            Which::Faf | Which::Tick => format!(
+                ">= 1200 k env/s: {:.2}x, {}",
+                capwire / 1200.0,
+                verdict(capwire >= 1200.0)
+            ),
+        }
+    }
+}
+
+fn fmt_figure(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+}
+
+fn fmt_ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}x", a / b),
+        _ => "-".into(),
+    }
+}
+
+/// Best of `opts.runs` interleaved runs of each stack; prints one row.
+fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
+    let n = opts.count(which);
+    let mut best: [Option<f64>; 3] = [None; 3];
+    for _ in 0..opts.runs {
+        for (i, &stack) in which.stacks().iter().enumerate() {
+            if !wanted(&opts.stacks, stack.name()) {
+                continue;
+            }
+            let v = match stack {
+                Stack::Capwire => run_on(
+                    &p.client,
+                    capwire_figure(pair.peer.clone(), pair.arrivals.clone(), which, n),
+                ),
+                _ => run_on(&p.client, baseline(p.server.clone(), stack, which, n)),
+            };
+            best[i] = Some(match best[i] {
+                None => v,
+                Some(b) if which.higher_is_better() => b.max(v),
+                Some(b) => b.min(v),
+            });
+        }
+    }
+    let [c, s, r] = best;
+    let target = match (c, s) {
+        (Some(c), Some(s)) => which.target(c, s),
+        (Some(c), None) if which != Which::Rtt => which.target(c, f64::NAN),
+        _ => String::new(),
     };
-    let server = Node::builder("bench-server")
-        .listen("127.0.0.1:0".parse().unwrap())
-        .capability(cap)
-        .state(ticks.clone())
-        .limits(limits)
-        .start()
-        .await
-        .unwrap();
-    let client = Node::builder("bench-client").start().await.unwrap();
-    let peer = client
-        .connect(&server.local_addrs()[0], Some(server.id()))
-        .await
-        .unwrap();
-    Pair {
-        server,
-        client,
-        peer,
-        ticks,
-    }
-}
-
-async fn capwire_rtt(p: &Pair, n: u64) -> Duration {
-    let payload = "x".repeat(PAYLOAD);
-    let start = Instant::now();
-    for _ in 0..n {
-        let out = p.peer.request(Echo, payload.clone()).await.unwrap();
-        assert_eq!(out.len(), PAYLOAD);
-    }
-    start.elapsed()
-}
-
-async fn fire_and_forget(p: &Pair, n: u64) -> f64 {
-    let before = p.ticks.load(Ordering::Relaxed);
-    let start = Instant::now();
-    for i in 0..n {
-        p.peer.notify(Tick, i).await.unwrap();
-    }
-    while p.ticks.load(Ordering::Relaxed) < before + n {
-        tokio::task::yield_now().await;
-    }
-    n as f64 / start.elapsed().as_secs_f64()
-}
-
-async fn pipelined(p: &Pair, n: u64, window: usize) -> f64 {
-    let payload = "x".repeat(PAYLOAD);
-    let start = Instant::now();
-    let mut in_flight = FuturesUnordered::new();
-    let mut sent = 0u64;
-    let mut done = 0u64;
-    while done < n {
-        while in_flight.len() < window && sent < n {
-            let peer = p.peer.clone();
-            let payload = payload.clone();
-            in_flight.push(async move { peer.request(Echo, payload).await });
-            sent += 1;
-        }
-        if let Some(r) = in_flight.next().await {
-            r.unwrap();
-            done += 1;
-        }
-    }
-    n as f64 / start.elapsed().as_secs_f64()
+    println!(
+        "{:<6} {:<34} {:>9} {:>9} {:>9}  {:<8} {:>8} {:>8}  {target}",
+        p.name,
+        format!("{} ({n})", which.label()),
+        fmt_figure(c),
+        fmt_figure(s),
+        fmt_figure(r),
+        which.unit(),
+        fmt_ratio(c, s),
+        fmt_ratio(c, r),
+    );
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--test" || a == "--quick");
-    let scale: u64 = if quick { 100 } else { 1 };
-    let rt = if std::env::var("CAPWIRE_BENCH_RT").as_deref() == Ok("current") {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    };
-    // Everything runs on the runtime's workers, as in a real node, not on
-    // the thread that blocks on the runtime.
-    rt.block_on(async move { tokio::spawn(run(scale)).await.unwrap() });
-}
-
-async fn run(scale: u64) {
-    let only = std::env::var("CAPWIRE_BENCH_ONLY").unwrap_or_default();
-    if only == "pipe" {
-        let p = pair().await;
-        let n = std::env::var("CAPWIRE_BENCH_N")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(600_000 / scale);
-        let r = pipelined(&p, n, 128).await;
-        println!("pipelined {r:.0} req/s");
-        return;
+    let opts = Opts::from_env();
+    println!(
+        "capwire node vs snow vs raw tokio TCP, loopback, {PAYLOAD} B payload, \
+         best of {} interleaved runs{}",
+        opts.runs,
+        if opts.quick { " (quick)" } else { "" }
+    );
+    println!(
+        "  shared: both ends on one {}",
+        if opts.shared_current {
+            "current-thread tokio runtime"
+        } else {
+            "2-worker tokio runtime"
+        }
+    );
+    println!(
+        "  split:  each end on its own current-thread runtime and OS thread \
+         (client node and caller | server node)"
+    );
+    println!(
+        "{:<6} {:<34} {:>9} {:>9} {:>9}  {:<8} {:>8} {:>8}  target",
+        "", "", "capwire", "snow", "raw tcp", "unit", "cw/snow", "cw/raw"
+    );
+    let mut placements = Vec::new();
+    if wanted(&opts.placements, "shared") {
+        placements.push(Placement::shared(opts.shared_current));
     }
-    if only == "faf" {
-        let p = pair().await;
-        let n = std::env::var("CAPWIRE_BENCH_N")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(3_000_000 / scale);
-        let r = fire_and_forget(&p, n).await;
-        println!("fire-and-forget {r:.0} /s");
-        return;
+    if wanted(&opts.placements, "split") {
+        placements.push(Placement::split());
     }
-    if only == "rtt" {
-        let p = pair().await;
-        let n = std::env::var("CAPWIRE_BENCH_N")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(200_000 / scale);
-        let t = capwire_rtt(&p, n).await;
-        if std::env::var_os("CAPWIRE_BENCH_NO_SNOW").is_some() {
-            println!("capwire rtt {:.1} us", per_op(t, n).as_secs_f64() * 1e6);
-            return;
+    let pairs: Vec<CapwirePair> = placements.iter().map(CapwirePair::start).collect();
+    for which in [Which::Rtt, Which::Pipe, Which::Faf, Which::Tick] {
+        if !wanted(&opts.sections, which.section()) {
+            continue;
         }
-        let snow = snow_rtt(n / 4).await;
-        println!(
-            "capwire rtt {:.1} us, snow {:.1} us",
-            per_op(t, n).as_secs_f64() * 1e6,
-            per_op(snow, n / 4).as_secs_f64() * 1e6
-        );
-        return;
+        for (p, pair) in placements.iter().zip(&pairs) {
+            measure(&opts, p, pair, which);
+        }
     }
-    {
-        let rtt_n = 20_000 / scale;
-        let tcp = best_of(3, rtt_n, raw_tcp_rtt).await;
-        let snow = best_of(3, rtt_n, snow_rtt).await;
-        let p = pair().await;
-        let mut cw = Duration::MAX;
-        for _ in 0..3 {
-            cw = cw.min(per_op(capwire_rtt(&p, rtt_n).await, rtt_n));
-        }
-        println!("round trip, {PAYLOAD} B payload ({rtt_n} sequential, best of 3):");
-        println!("  raw tokio TCP      {:>9.1} us", tcp.as_secs_f64() * 1e6);
-        println!("  snow echo          {:>9.1} us", snow.as_secs_f64() * 1e6);
-        println!("  capwire request    {:>9.1} us", cw.as_secs_f64() * 1e6);
-        println!(
-            "  ratio capwire/raw TCP = {:.2}x, capwire/snow = {:.2}x",
-            cw.as_secs_f64() / tcp.as_secs_f64(),
-            cw.as_secs_f64() / snow.as_secs_f64()
-        );
-
-        let faf_n = 1_000_000 / scale;
-        let mut faf: f64 = 0.0;
-        for _ in 0..3 {
-            faf = faf.max(fire_and_forget(&p, faf_n).await);
-        }
-        println!("fire-and-forget, one connection ({faf_n} notifications, best of 3):");
-        println!(
-            "  {:>12.0} envelopes/s  (target 1.0M/s: {:.2}x)",
-            faf,
-            faf / 1e6
-        );
-
-        let pipe_n = 300_000 / scale;
-        let mut pipe: f64 = 0.0;
-        for _ in 0..3 {
-            pipe = pipe.max(pipelined(&p, pipe_n, 128).await);
-        }
-        println!("pipelined requests, 128 in flight ({pipe_n} requests, best of 3):");
-        println!(
-            "  {:>12.0} requests/s  (target 150k/s: {:.2}x)",
-            pipe,
-            pipe / 150e3
-        );
-        println!(
-            "  vs sequential capwire: {:.1}x the rate",
-            pipe * cw.as_secs_f64()
-        );
-
-        p.client.shutdown().await;
-        p.server.shutdown().await;
+    for (p, pair) in placements.iter().zip(pairs) {
+        pair.stop(p);
     }
 }

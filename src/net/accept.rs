@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
-/// Refusals in progress at once; beyond, a refused stream is just dropped.
-const MAX_REFUSALS: usize = 64;
+/// Refusals in progress at once (each lasts at most a quarter second);
+/// beyond, a refused stream gets its "busy" bytes without the wait.
+const MAX_REFUSALS: usize = 1024;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

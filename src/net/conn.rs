@@ -520,7 +520,14 @@ impl Driver {
             && self.rbuf.capacity() > 0
             && now.saturating_duration_since(self.last_rx) >= RELEASE_AFTER
         {
+            // Quiet: give back the buffers a busy session grew.
             self.rbuf = BytesMut::new();
+            self.records = Vec::new();
+            self.events = Vec::new();
+            self.finished = Vec::new();
+            if self.jobs.is_empty() {
+                self.jobs = HashMap::new();
+            }
         }
     }
 

@@ -28,6 +28,10 @@ pub(crate) trait Acceptor: Send + Sync + 'static {
     fn accept_stream(
         &self,
     ) -> impl Future<Output = std::io::Result<(Self::Stream, Option<IpAddr>)>> + Send;
+
+    /// Answers "busy" without waiting and drops the stream (when too many
+    /// refusals are in progress to give this one its usual linger).
+    fn refuse_now(stream: Self::Stream);
 }
 
 impl Acceptor for TcpListener {
@@ -37,6 +41,10 @@ impl Acceptor for TcpListener {
         let _ = stream.set_nodelay(true);
         Ok((stream, Some(addr.ip())))
     }
+
+    fn refuse_now(stream: TcpStream) {
+        let _ = stream.try_write(&[0, 0]);
+    }
 }
 
 #[cfg(unix)]
@@ -44,6 +52,10 @@ impl Acceptor for UnixListener {
     type Stream = UnixStream;
     async fn accept_stream(&self) -> std::io::Result<(UnixStream, Option<IpAddr>)> {
         self.accept().await.map(|(stream, _)| (stream, None))
+    }
+
+    fn refuse_now(stream: UnixStream) {
+        let _ = stream.try_write(&[0, 0]);
     }
 }
 
@@ -84,11 +96,14 @@ pub(crate) async fn accept_loop<A: Acceptor>(net: Arc<Net>, listener: A) {
                 "connection refused: accept rate or per-source bound"
             );
             net.metrics_refused();
-            if let Some(slot) = gate.refusal_slot() {
-                net.tracker.spawn(async move {
-                    capwire_transport::Endpoint::refuse_busy(stream).await;
-                    drop(slot);
-                });
+            match gate.refusal_slot() {
+                Some(slot) => {
+                    net.tracker.spawn(async move {
+                        capwire_transport::Endpoint::refuse_busy(stream).await;
+                        drop(slot);
+                    });
+                }
+                None => A::refuse_now(stream),
             }
             continue;
         };

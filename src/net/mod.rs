@@ -89,9 +89,11 @@ impl Net {
         H: Send,
     {
         let stop = self.peers.stopping().clone();
+        // Boxed, so that the handshake's state is freed once it is done
+        // instead of sitting in the session task for the session's life.
         let handshake = tokio::select! {
             () = stop.cancelled() => return,
-            r = self.endpoint.handshake_responder(stream) => r,
+            r = Box::pin(self.endpoint.handshake_responder(stream)) => r,
         };
         drop(hold);
         match handshake {
@@ -171,7 +173,7 @@ impl Net {
         self.tracker.spawn(async move {
             let handshake = tokio::select! {
                 () = stop.cancelled() => Err(TransportError::Closed),
-                r = net.endpoint.handshake_initiator(stream, expected) => r,
+                r = Box::pin(net.endpoint.handshake_initiator(stream, expected)) => r,
             };
             match handshake {
                 Ok(est) => net.run_session(est, Direction::Outbound, Some(tx)).await,

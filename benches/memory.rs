@@ -1,0 +1,854 @@
+//! Memory of a node, with `stats_alloc` counting every heap allocation
+//! (live heap = bytes allocated - bytes freed) and RSS read from
+//! `/proc/self/status`. Three sections:
+//!
+//! - `idle`: heap per idle session, per side. The dialling side and the
+//!   listening side run in separate processes (this binary starts itself
+//!   again with `--serve K` for the listening side), so each side's heap
+//!   is its own. Two layouts, N sessions each: N client nodes dialling
+//!   one server node, and one client node dialling N server nodes. The
+//!   heap with the nodes up and no session is subtracted; the sessions
+//!   are measured after 3 s of silence (a quiet session returns its read
+//!   and write buffers after 2 s). Baselines from the same run: an idle
+//!   raw tokio TCP connection and an idle snow session, each end a task
+//!   that owns its stream (and Noise state) and waits to read.
+//! - `ledger`: the replay ledger under sustained load: 128 requests in
+//!   flight for 10 s against a node with default limits (one process);
+//!   requests answered and refused, `Node::ledger_sizes()`, heap per
+//!   remembered entry against what the ledger charges, heap and RSS.
+//! - `fanin`: 1,000 client nodes (one session each) dial one listening
+//!   node (its own process, default limits) at once, twice: each calling
+//!   `Node::connect` once, then each retrying a failed connect; time to
+//!   establish all, per-connect latency, failures by error, the server's
+//!   heap and RSS before and after.
+//!
+//! `cargo bench --bench memory` runs all (about a minute); `--quick` or
+//! `CAPWIRE_BENCH_QUICK=1` runs small sizes (a few seconds: the idle
+//! sessions still need 2.5 s to become quiet).
+//! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin` picks sections;
+//! `CAPWIRE_BENCH_N` sets N for `idle` and the session count for `fanin`;
+//! `CAPWIRE_BENCH_SECS` the length of the `ledger` run.
+//!
+//! Each process needs one file descriptor per session and a few more:
+//! `fanin` needs `ulimit -n` of at least 1,100 (it says so, and skips,
+//! when the limit is lower).
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use capwire::manifest::verb;
+use capwire::transport::{PROLOGUE, PROTOCOL_NAME};
+use capwire::{Addr, CallError, Capability, HandlerError, Node, NodeId};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::Notify;
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
+
+verb! { /** Echo. */ pub struct Echo: request "app.bench" / "echo", Bootstrap, String => String; }
+
+const PAYLOAD: usize = 64;
+const WINDOW: usize = 128;
+/// Longer than the 2 s after which a quiet session returns its buffers.
+const QUIET: Duration = Duration::from_secs(3);
+/// The same, with less margin, for quick runs.
+const QUIET_QUICK: Duration = Duration::from_millis(2500);
+
+fn quiet(quick: bool) -> Duration {
+    if quick { QUIET_QUICK } else { QUIET }
+}
+
+async fn echo(args: String) -> Result<String, HandlerError> {
+    Ok(args)
+}
+
+fn echo_capability() -> Capability {
+    Capability::new("app.bench", "1.0.0")
+        .unwrap()
+        .handle(Echo, echo)
+}
+
+// ---------------------------------------------------------------------------
+// Measuring
+
+/// Heap and RSS of this process at one moment.
+#[derive(Clone, Copy, Debug)]
+struct Mem {
+    /// Live heap bytes.
+    heap: i64,
+    /// Live heap blocks.
+    blocks: i64,
+    rss_kib: i64,
+}
+
+impl Mem {
+    fn now() -> Self {
+        let s = INSTRUMENTED_SYSTEM.stats();
+        Self {
+            heap: to_i64(s.bytes_allocated) - to_i64(s.bytes_deallocated),
+            blocks: to_i64(s.allocations) - to_i64(s.deallocations),
+            rss_kib: status_kib("VmRSS:"),
+        }
+    }
+
+    fn line(self) -> String {
+        format!("{} {} {}", self.heap, self.blocks, self.rss_kib)
+    }
+
+    fn parse(words: &[&str]) -> Self {
+        Self {
+            heap: words[0].parse().unwrap(),
+            blocks: words[1].parse().unwrap(),
+            rss_kib: words[2].parse().unwrap(),
+        }
+    }
+}
+
+fn to_i64(v: usize) -> i64 {
+    i64::try_from(v).unwrap()
+}
+
+/// A `kB` line of `/proc/self/status` (0 where there is none).
+fn status_kib(key: &str) -> i64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_owned()))
+        })
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// The soft limit on open files, from `/proc/self/limits`.
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+fn kib(bytes: f64) -> String {
+    format!("{:.1} KiB", bytes / 1024.0)
+}
+
+fn two_workers() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `f` as a task on `h` and waits for it: the work runs on the
+/// runtime's workers, never on the thread that waits.
+fn run_on<F>(h: &Handle, f: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    h.block_on(h.spawn(f)).expect("benchmark task failed")
+}
+
+// ---------------------------------------------------------------------------
+// The listening side, in a process of its own
+
+/// `--serve K`: starts K listening nodes with default limits, prints
+/// `ready HEAP_EMPTY HEAP_NODES ID ADDR...`, then answers `measure` with
+/// `mem HEAP BLOCKS RSS_KIB SESSIONS REFUSED` until `quit`.
+fn serve(k: usize) {
+    let rt = two_workers();
+    let empty = Mem::now();
+    let nodes: Vec<Node> = run_on(rt.handle(), async move {
+        let mut nodes = Vec::with_capacity(k);
+        for _ in 0..k {
+            let node = Node::builder("bench-server")
+                .listen("127.0.0.1:0".parse().unwrap())
+                .capability(echo_capability())
+                .start()
+                .await
+                .unwrap();
+            nodes.push(node);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        nodes
+    });
+    let up = Mem::now();
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| n.local_addrs()[0].to_string())
+        .collect();
+    println!(
+        "ready {} {} {} {}",
+        empty.line(),
+        up.line(),
+        nodes[0].id(),
+        addrs.join(" ")
+    );
+    for line in std::io::stdin().lock().lines() {
+        match line.unwrap().trim() {
+            "measure" => {
+                let sessions: usize = nodes.iter().map(|n| n.connected_peers().len()).sum();
+                let refused: u64 = nodes.iter().map(Node::refused_connections).sum();
+                println!("mem {} {sessions} {refused}", Mem::now().line());
+            }
+            _ => break,
+        }
+    }
+    run_on(rt.handle(), async move {
+        let mut stops: FuturesUnordered<_> = nodes
+            .iter()
+            .map(|n| {
+                let n = n.clone();
+                async move { n.shutdown().await }
+            })
+            .collect();
+        while stops.next().await.is_some() {}
+    });
+    // The dialling side may be gone already.
+    let _ = writeln!(std::io::stdout(), "bye");
+}
+
+/// The listening side, seen from the dialling side.
+struct Server {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// Heap before and after its nodes started.
+    empty: Mem,
+    up: Mem,
+    id: NodeId,
+    addrs: Vec<Addr>,
+}
+
+/// What the listening side reported.
+struct ServerMem {
+    mem: Mem,
+    sessions: usize,
+    refused: u64,
+}
+
+impl Server {
+    fn start(k: usize) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--serve", &k.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words.first(), Some(&"ready"), "server said {line:?}");
+        Self {
+            empty: Mem::parse(&words[1..4]),
+            up: Mem::parse(&words[4..7]),
+            id: words[7].parse().unwrap(),
+            addrs: words[8..].iter().map(|a| a.parse().unwrap()).collect(),
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn measure(&mut self) -> ServerMem {
+        writeln!(self.stdin, "measure").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words.first(), Some(&"mem"), "server said {line:?}");
+        ServerMem {
+            mem: Mem::parse(&words[1..4]),
+            sessions: words[4].parse().unwrap(),
+            refused: words[5].parse().unwrap(),
+        }
+    }
+
+    fn stop(mut self) {
+        writeln!(self.stdin, "quit").unwrap();
+        let mut line = String::new();
+        let _ = self.stdout.read_line(&mut line);
+        let _ = self.child.wait();
+    }
+}
+
+/// `count` client nodes with default limits.
+async fn client_nodes(count: usize) -> Vec<Node> {
+    let mut nodes = Vec::with_capacity(count);
+    for _ in 0..count {
+        nodes.push(Node::builder("bench-client").start().await.unwrap());
+    }
+    nodes
+}
+
+async fn shutdown_all(nodes: Vec<Node>) {
+    let mut stops: FuturesUnordered<_> = nodes
+        .into_iter()
+        .map(|n| async move { n.shutdown().await })
+        .collect();
+    while stops.next().await.is_some() {}
+}
+
+// ---------------------------------------------------------------------------
+// idle: heap per quiet session, per side
+
+struct IdleFigures {
+    client_node: f64,
+    server_node: f64,
+    client_session: f64,
+    server_session: f64,
+    client_blocks: f64,
+    server_blocks: f64,
+    server_rss_kib: f64,
+}
+
+/// `many_clients`: N client nodes dial one server node; otherwise one
+/// client node dials N server nodes.
+fn idle_layout(rt: &Runtime, n: usize, many_clients: bool, quiet: Duration) -> IdleFigures {
+    let mut server = Server::start(if many_clients { 1 } else { n });
+    let base = Mem::now();
+    let clients = run_on(rt.handle(), async move {
+        let nodes = client_nodes(if many_clients { n } else { 1 }).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        nodes
+    });
+    let (c0, s0) = (Mem::now(), server.measure());
+    let targets: Vec<(Node, Addr)> = (0..n)
+        .map(|i| {
+            if many_clients {
+                (clients[i].clone(), server.addrs[0].clone())
+            } else {
+                (clients[0].clone(), server.addrs[i].clone())
+            }
+        })
+        .collect();
+    let expected = many_clients.then_some(server.id);
+    run_on(rt.handle(), async move {
+        // One at a time: the figure is about sessions, not about dialling.
+        for (node, addr) in targets {
+            node.connect(&addr, expected).await.unwrap();
+        }
+        tokio::time::sleep(quiet).await;
+    });
+    let (c1, s1) = (Mem::now(), server.measure());
+    assert_eq!(s1.sessions, n, "sessions the server has");
+    let per = |d: i64| d as f64 / n as f64;
+    let nodes = if many_clients { n } else { 1 };
+    let listeners = if many_clients { 1 } else { n };
+    let figures = IdleFigures {
+        client_node: (c0.heap - base.heap) as f64 / nodes as f64,
+        server_node: (server.up.heap - server.empty.heap) as f64 / listeners as f64,
+        client_session: per(c1.heap - c0.heap),
+        server_session: per(s1.mem.heap - s0.mem.heap),
+        client_blocks: per(c1.blocks - c0.blocks),
+        server_blocks: per(s1.mem.blocks - s0.mem.blocks),
+        server_rss_kib: per(s1.mem.rss_kib - s0.mem.rss_kib),
+    };
+    run_on(rt.handle(), shutdown_all(clients));
+    server.stop();
+    figures
+}
+
+/// The Noise XX handshake over one stream, unbuffered, 2-byte prefixes.
+async fn snow_handshake(s: &mut TcpStream, initiator: bool) -> snow::TransportState {
+    async fn send(s: &mut TcpStream, msg: &[u8]) {
+        let mut framed = u16::try_from(msg.len()).unwrap().to_be_bytes().to_vec();
+        framed.extend_from_slice(msg);
+        s.write_all(&framed).await.unwrap();
+    }
+    async fn recv(s: &mut TcpStream) -> Vec<u8> {
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len).await.unwrap();
+        let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        s.read_exact(&mut msg).await.unwrap();
+        msg
+    }
+    let builder = || snow::Builder::new(PROTOCOL_NAME.parse().unwrap());
+    let key = builder().generate_keypair().unwrap().private;
+    let builder = builder()
+        .local_private_key(&key)
+        .unwrap()
+        .prologue(PROLOGUE)
+        .unwrap();
+    let mut out = vec![0u8; 1024];
+    let hs = if initiator {
+        let mut hs = builder.build_initiator().unwrap();
+        let n = hs.write_message(&[], &mut out).unwrap();
+        send(s, &out[..n]).await;
+        hs.read_message(&recv(s).await, &mut out).unwrap();
+        let n = hs.write_message(&[], &mut out).unwrap();
+        send(s, &out[..n]).await;
+        hs
+    } else {
+        let mut hs = builder.build_responder().unwrap();
+        hs.read_message(&recv(s).await, &mut out).unwrap();
+        let n = hs.write_message(&[], &mut out).unwrap();
+        send(s, &out[..n]).await;
+        hs.read_message(&recv(s).await, &mut out).unwrap();
+        hs
+    };
+    hs.into_transport_mode().unwrap()
+}
+
+/// One end of an idle baseline connection: a task that owns the stream
+/// (and the Noise state) and waits to read, with no buffer on the heap.
+fn hold(mut s: TcpStream, noise: Option<snow::TransportState>, stop: Arc<Notify>) {
+    tokio::spawn(async move {
+        let noise = noise.map(Box::new);
+        let mut byte = [0u8; 1];
+        tokio::select! {
+            r = s.read(&mut byte) => { let _ = r; }
+            () = stop.notified() => {}
+        }
+        drop((s, noise));
+    });
+}
+
+/// Heap per side of `n` idle baseline connections (both sides in this
+/// process, so the figure is half the heap per connection).
+fn idle_baseline(rt: &Runtime, n: usize, snow: bool) -> f64 {
+    let stop = Arc::new(Notify::new());
+    let stopper = stop.clone();
+    let before = Mem::now();
+    run_on(rt.handle(), async move {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        for _ in 0..n {
+            let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+            let (mut a, mut b) = (a.unwrap(), b.unwrap().0);
+            a.set_nodelay(true).unwrap();
+            b.set_nodelay(true).unwrap();
+            let (na, nb) = if snow {
+                let (na, nb) =
+                    tokio::join!(snow_handshake(&mut a, true), snow_handshake(&mut b, false));
+                (Some(na), Some(nb))
+            } else {
+                (None, None)
+            };
+            hold(a, na, stop.clone());
+            hold(b, nb, stop.clone());
+        }
+        drop(listener);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    let after = Mem::now();
+    stopper.notify_waiters();
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
+    (after.heap - before.heap) as f64 / (2 * n) as f64
+}
+
+fn idle(rt: &Runtime, quick: bool) {
+    let n = env_usize("CAPWIRE_BENCH_N").unwrap_or(if quick { 20 } else { 200 });
+    println!(
+        "idle sessions: heap per session after {:.1} s quiet, node cost subtracted \
+         (target <= 16 KiB per side), N = {n}",
+        quiet(quick).as_secs_f64()
+    );
+    println!(
+        "  {:<32} {:>26} {:>26}",
+        "", "dialling side", "listening side"
+    );
+    let raw = idle_baseline(rt, n, false);
+    let snow = idle_baseline(rt, n, true);
+    for (name, v) in [
+        ("raw tokio TCP, a task per end", raw),
+        ("snow session, a task per end", snow),
+    ] {
+        println!("  {name:<32} {:>26} {:>26}", kib(v), kib(v));
+    }
+    let mut layouts = vec![(format!("capwire: {n} client nodes -> 1"), true)];
+    if !quick {
+        layouts.push((format!("capwire: 1 client node -> {n}"), false));
+    }
+    for (name, many_clients) in layouts {
+        let f = idle_layout(rt, n, many_clients, quiet(quick));
+        let verdict = if f.client_session <= 16384.0 && f.server_session <= 16384.0 {
+            "met"
+        } else {
+            "missed"
+        };
+        println!(
+            "  {name:<32} {:>26} {:>26}  target {verdict}",
+            format!("{} ({:.0} blocks)", kib(f.client_session), f.client_blocks),
+            format!("{} ({:.0} blocks)", kib(f.server_session), f.server_blocks),
+        );
+        println!(
+            "  {:<32} {:>26} {:>26}",
+            "  ratio capwire/snow",
+            format!("{:.1}x", f.client_session / snow),
+            format!("{:.1}x", f.server_session / snow)
+        );
+        // Only the listening side's process is fresh: the dialling side's
+        // RSS reuses what earlier sections freed.
+        println!(
+            "  {:<32} {:>26} {:>26}",
+            "  RSS growth per session",
+            "-",
+            kib(f.server_rss_kib * 1024.0)
+        );
+        println!(
+            "  {:<32} {:>26} {:>26}",
+            "  heap per node, no session",
+            kib(f.client_node),
+            kib(f.server_node)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// ledger: the replay ledger under sustained pipelined load
+
+fn ledger(rt: &Runtime, quick: bool) {
+    let secs = env_usize("CAPWIRE_BENCH_SECS").unwrap_or(if quick { 2 } else { 10 });
+    let run_for = Duration::from_secs(u64::try_from(secs).unwrap());
+    println!(
+        "replay ledger: {WINDOW} requests in flight for {secs} s, {PAYLOAD} B payload, \
+         server with default limits (one process, 2 workers)"
+    );
+    let (server, client, peer) = run_on(rt.handle(), async {
+        let server = Node::builder("bench-server")
+            .listen("127.0.0.1:0".parse().unwrap())
+            .capability(echo_capability())
+            .start()
+            .await
+            .unwrap();
+        let client = Node::builder("bench-client").start().await.unwrap();
+        let peer = client
+            .connect(&server.local_addrs()[0], Some(server.id()))
+            .await
+            .unwrap();
+        (server, client, peer)
+    });
+    let before = Mem::now();
+    let answered = Arc::new(AtomicU64::new(0));
+    let (done, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    // Once a second: how the ledger and the heap grow.
+    let sampler = {
+        let (server, answered) = (server.clone(), answered.clone());
+        rt.spawn(async move {
+            let start = Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = &mut stopped => break,
+                }
+                let l = server.ledger_sizes();
+                let m = Mem::now();
+                println!(
+                    "  {:>5.1} s  answered {:>9}  remembered {:>8}  forgotten {:>8}  \
+                     ledger {:>10}  heap {:>10}  rss {:>8}",
+                    start.elapsed().as_secs_f64(),
+                    answered.load(Ordering::Relaxed),
+                    l.remembered,
+                    l.forgotten,
+                    kib(l.bytes as f64),
+                    kib(m.heap as f64),
+                    kib(m.rss_kib as f64 * 1024.0),
+                );
+            }
+        })
+    };
+    let counter = answered.clone();
+    let (elapsed, refused, first_refusal, failures) = run_on(rt.handle(), async move {
+        let payload = "x".repeat(PAYLOAD);
+        let start = Instant::now();
+        let mut in_flight = FuturesUnordered::new();
+        let mut refused = 0u64;
+        let mut first_refusal = None;
+        let mut failures: BTreeMap<String, u64> = BTreeMap::new();
+        loop {
+            while in_flight.len() < WINDOW && start.elapsed() < run_for {
+                in_flight.push(peer.request(Echo, payload.clone()));
+            }
+            let Some(r) = in_flight.next().await else {
+                break;
+            };
+            match r {
+                Ok(_) => {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(CallError::Overloaded) => {
+                    refused += 1;
+                    first_refusal.get_or_insert_with(|| start.elapsed());
+                }
+                Err(e) => *failures.entry(e.to_string()).or_default() += 1,
+            }
+        }
+        (start.elapsed(), refused, first_refusal, failures)
+    });
+    let _ = done.send(());
+    let _ = rt.block_on(sampler);
+    let after = Mem::now();
+    let l = server.ledger_sizes();
+    let n = answered.load(Ordering::Relaxed);
+    println!(
+        "  requests answered     {n} in {:.1} s ({:.0} k/s)",
+        elapsed.as_secs_f64(),
+        n as f64 / elapsed.as_secs_f64() / 1e3
+    );
+    match first_refusal {
+        Some(t) => println!(
+            "  refused (overloaded)  {refused}, the first after {:.1} s",
+            t.as_secs_f64()
+        ),
+        None => println!("  refused (overloaded)  none"),
+    }
+    for (e, count) in &failures {
+        println!("  failed                {count}: {e}");
+    }
+    println!(
+        "  ledger_sizes          running {}, remembered {}, forgotten {}, bytes {} ({}), senders {}",
+        l.running,
+        l.remembered,
+        l.forgotten,
+        l.bytes,
+        kib(l.bytes as f64),
+        l.senders
+    );
+    if l.remembered > 0 {
+        println!(
+            "  bytes per remembered  {:.0} (ledger bytes / remembered entries)",
+            l.bytes as f64 / l.remembered as f64
+        );
+    }
+    println!(
+        "  process heap          {} at the end ({} before the run)",
+        kib(after.heap as f64),
+        kib(before.heap as f64)
+    );
+    if l.remembered > 0 {
+        println!(
+            "  heap growth per remembered entry  {:.0} B ({:.2}x what the ledger charges)",
+            (after.heap - before.heap) as f64 / l.remembered as f64,
+            (after.heap - before.heap) as f64 / l.bytes as f64
+        );
+    }
+    println!(
+        "  process RSS           {} at the end ({} before the run)",
+        kib(after.rss_kib as f64 * 1024.0),
+        kib(before.rss_kib as f64 * 1024.0)
+    );
+    run_on(rt.handle(), async move {
+        client.shutdown().await;
+        server.shutdown().await;
+    });
+}
+
+// ---------------------------------------------------------------------------
+// fanin: many sessions dialling one node at once
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// How long a retrying caller keeps trying: the default connect timeout.
+const RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// One connect, or (`retry`) connects until one succeeds or [`RETRY_FOR`]
+/// passes, pausing 10 ms, doubling to 500 ms, between them. Returns the
+/// time from the first attempt to the result, the errors retried, and the
+/// result.
+async fn connect_timed(
+    node: &Node,
+    addr: &Addr,
+    id: NodeId,
+    retry: bool,
+) -> (Duration, Vec<String>, Result<(), String>) {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(10);
+    let mut retried = Vec::new();
+    loop {
+        match node.connect(addr, Some(id)).await {
+            Ok(_) => return (start.elapsed(), retried, Ok(())),
+            Err(e) if retry && start.elapsed() + pause < RETRY_FOR => {
+                retried.push(e.to_string());
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => return (start.elapsed(), retried, Err(e.to_string())),
+        }
+    }
+}
+
+/// What one fan-in pass saw.
+struct FanIn {
+    total: Duration,
+    latencies: Vec<Duration>,
+    retried: BTreeMap<String, u64>,
+    failures: BTreeMap<String, u64>,
+}
+
+/// `n` client nodes dial a fresh server process at once.
+fn fanin_pass(rt: &Runtime, n: usize, retry: bool, quick: bool) {
+    let mut server = Server::start(1);
+    let s0 = server.measure();
+    let clients = run_on(rt.handle(), client_nodes(n));
+    let (addr, id) = (server.addrs[0].clone(), server.id);
+    let (mut f, clients) = run_on(rt.handle(), async move {
+        let go = Arc::new(tokio::sync::Barrier::new(n + 1));
+        let mut tasks = Vec::with_capacity(n);
+        for node in &clients {
+            let (node, addr, go) = (node.clone(), addr.clone(), go.clone());
+            tasks.push(tokio::spawn(async move {
+                go.wait().await;
+                connect_timed(&node, &addr, id, retry).await
+            }));
+        }
+        go.wait().await;
+        let start = Instant::now();
+        let mut f = FanIn {
+            total: Duration::ZERO,
+            latencies: Vec::with_capacity(n),
+            retried: BTreeMap::new(),
+            failures: BTreeMap::new(),
+        };
+        for t in tasks {
+            let (took, retried, result) = t.await.unwrap();
+            for e in retried {
+                *f.retried.entry(e).or_default() += 1;
+            }
+            match result {
+                Ok(()) => f.latencies.push(took),
+                Err(e) => *f.failures.entry(e).or_default() += 1,
+            }
+        }
+        f.total = start.elapsed();
+        // The client nodes stay up until the server has been measured.
+        (f, clients)
+    });
+    let s1 = server.measure();
+    // Quick runs skip the wait for the sessions to be quiet.
+    let s2 = (!quick).then(|| {
+        rt.block_on(async { tokio::time::sleep(QUIET).await });
+        server.measure()
+    });
+    f.latencies.sort_unstable();
+    println!(
+        "  established           {} of {n} in {} (the server has {} sessions)",
+        f.latencies.len(),
+        ms(f.total),
+        s1.sessions
+    );
+    println!(
+        "  connect latency       p50 {}, p99 {}, max {}{}",
+        ms(percentile(&f.latencies, 0.5)),
+        ms(percentile(&f.latencies, 0.99)),
+        ms(f.latencies.last().copied().unwrap_or_default()),
+        if retry {
+            " (first attempt to success)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  refused               {} (the server's refused_connections: answered busy, \
+         or dropped beyond its bound on refusals in progress)",
+        s1.refused - s0.refused
+    );
+    for (e, count) in &f.retried {
+        println!("  retried               {count}: {e}");
+    }
+    if f.failures.is_empty() {
+        println!("  failures              none");
+    }
+    for (e, count) in &f.failures {
+        println!("  failed                {count}: {e}");
+    }
+    let row = |name: &str, m: Mem| {
+        println!(
+            "  server {name:<14} heap {:>12}  RSS {:>12}",
+            kib(m.heap as f64),
+            kib(m.rss_kib as f64 * 1024.0)
+        );
+    };
+    row("before", s0.mem);
+    row("after", s1.mem);
+    if let Some(s2) = s2 {
+        row(&format!("after {} s quiet", QUIET.as_secs()), s2.mem);
+        if s2.sessions > 0 {
+            println!(
+                "  server heap per session, quiet: {} ({} sessions)",
+                kib((s2.mem.heap - s0.mem.heap) as f64 / s2.sessions as f64),
+                s2.sessions
+            );
+        }
+    }
+    run_on(rt.handle(), shutdown_all(clients));
+    server.stop();
+}
+
+fn fanin(rt: &Runtime, quick: bool) {
+    let n = env_usize("CAPWIRE_BENCH_N").unwrap_or(if quick { 100 } else { 1000 });
+    println!(
+        "fan-in: {n} client nodes (one session each) dial one node at once over loopback; \
+         server in its own process, default limits"
+    );
+    if let Some(limit) = open_files_limit() {
+        let need = u64::try_from(n).unwrap() + 100;
+        if limit < need {
+            println!("  open files limit {limit} < {need} needed: raise it (ulimit -n {need})");
+            return;
+        }
+    }
+    println!(" each client calls Node::connect once:");
+    fanin_pass(rt, n, false, quick);
+    println!(
+        " each client retries a failed Node::connect, 10 ms doubling to 500 ms, for up to {} s:",
+        RETRY_FOR.as_secs()
+    );
+    fanin_pass(rt, n, true, quick);
+}
+
+// ---------------------------------------------------------------------------
+
+fn env_usize(var: &str) -> Option<usize> {
+    std::env::var(var).ok().and_then(|v| v.parse().ok())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--serve") {
+        serve(args[i + 1].parse().unwrap());
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick" || a == "--test")
+        || std::env::var("CAPWIRE_BENCH_QUICK").is_ok_and(|v| v != "0");
+    let only = std::env::var("CAPWIRE_BENCH_ONLY").ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|s| s.trim() == name))
+    };
+    let rt = two_workers();
+    if wanted("idle") {
+        idle(&rt, quick);
+    }
+    if wanted("ledger") {
+        ledger(&rt, quick);
+    }
+    if wanted("fanin") {
+        fanin(&rt, quick);
+    }
+}
