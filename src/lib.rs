@@ -59,6 +59,12 @@
 //! contact, a task for each handshake in progress, one that expires the
 //! pending bind, and one that sweeps the replay ledger.
 //!
+//! All of these are spawned on the tokio runtime that called
+//! [`NodeBuilder::start`] (sessions opened by [`Node::connect`] on the
+//! runtime that called it). Either flavour works; a current-thread
+//! runtime must keep being driven (e.g. `block_on`) for the node to make
+//! progress, and dropping that runtime ends the node's tasks.
+//!
 //! # Bounds
 //!
 //! What one peer can cost a node is bounded by [`Limits`]: jobs in flight
