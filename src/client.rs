@@ -6,15 +6,18 @@ use std::time::Duration;
 
 use capwire_envelope::{NodeId, RawValue, ReqId};
 use capwire_manifest::{
-    CapRequirement, CapabilityManifest, Manifest, NotificationVerb, RequestVerb,
+    BindArgs, BindReply, CapRequirement, CapabilityManifest, Manifest, MonitoringBind,
+    NotificationVerb, RequestVerb,
 };
 use tokio::time::Instant;
 
 use crate::error::CallError;
+use crate::invite::Invite;
 use crate::net::peers::Peers;
 use crate::net::session::Session;
 use crate::proto::codec;
 use crate::proto::session::Reply;
+use crate::tap::Way;
 
 /// A handle to call one peer. Cheap to clone.
 ///
@@ -111,6 +114,29 @@ impl Peer {
             .map_err(|e| CallError::VersionUnsatisfied(e.to_string()))
     }
 
+    /// Binds the peer with the code of `invite` (`core.monitoring/bind`):
+    /// on success this node is the peer's control plane, and the answer
+    /// holds the peer's manifest, roster and configuration.
+    ///
+    /// # Errors
+    /// [`CallError::InvalidInvite`] when the invite is for another node or
+    /// carries no code; [`CallError::Denied`] with code `bind_failed` (and
+    /// the reason in its detail) when the peer refused the bind; otherwise
+    /// as [`Peer::request`].
+    pub async fn bind(&self, invite: &Invite) -> Result<BindReply, CallError> {
+        if capwire_transport::canonical_node_id(&invite.node_id) != self.id {
+            return Err(CallError::InvalidInvite(
+                "the invite is for another node".into(),
+            ));
+        }
+        let Some(code) = invite.code.clone() else {
+            return Err(CallError::InvalidInvite(
+                "the invite carries no bind code".into(),
+            ));
+        };
+        self.request(MonitoringBind, BindArgs { code }).await
+    }
+
     /// Sends request `V` and waits for its one answer, within the node's
     /// default deadline.
     ///
@@ -164,8 +190,27 @@ impl Peer {
         _verb: V,
         args: V::Args,
     ) -> Result<(), CallError> {
-        self.notify_with(|| codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args))
-            .await
+        self.notify_with(self.default_deadline, || {
+            codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args)
+        })
+        .await
+    }
+
+    /// Like [`Peer::notify`], waiting at most `deadline` for a session and
+    /// for room in its send queue.
+    ///
+    /// # Errors
+    /// As [`Peer::notify`].
+    pub async fn notify_within<V: NotificationVerb>(
+        &self,
+        _verb: V,
+        args: V::Args,
+        deadline: Duration,
+    ) -> Result<(), CallError> {
+        self.notify_with(deadline, || {
+            codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args)
+        })
+        .await
     }
 
     async fn session(&self, deadline: Instant) -> Result<Arc<Session>, CallError> {
@@ -213,6 +258,7 @@ impl Peer {
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
         let frame = encode(&req_id, budget_ms).map_err(|e| CallError::Encode(e.to_string()))?;
+        self.peers.tap().record(Way::Out, &self.id, &frame);
         let rx = session
             .call(req_id.clone(), frame, deadline_at)
             .await
@@ -250,18 +296,22 @@ impl Peer {
         verb: &str,
         args: &RawValue,
     ) -> Result<(), CallError> {
-        self.notify_with(|| codec::control(cap, verb, &ReqId::EMPTY, None, args))
-            .await
+        self.notify_with(self.default_deadline, || {
+            codec::control(cap, verb, &ReqId::EMPTY, None, args)
+        })
+        .await
     }
 
     /// A notification whose frame `encode` builds.
     async fn notify_with(
         &self,
+        deadline: Duration,
         encode: impl FnOnce() -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<(), CallError> {
-        let deadline_at = deadline_after(self.default_deadline);
+        let deadline_at = deadline_after(deadline);
         let session = self.session(deadline_at).await?;
         let frame = encode().map_err(|e| CallError::Encode(e.to_string()))?;
+        self.peers.tap().record(Way::Out, &self.id, &frame);
         session
             .notify(frame, deadline_at)
             .await

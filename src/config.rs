@@ -86,6 +86,27 @@ pub struct Limits {
     pub reconnect_initial: Duration,
     /// Longest delay between redials. Default 30 s.
     pub reconnect_max: Duration,
+    /// How long the answers of state-changing controller requests
+    /// (`set_config`, `introduce`, `create`, ...) are remembered in the
+    /// store, across restarts; within it a retried request gets the
+    /// remembered answer and is not applied again. Each sender's share is
+    /// bounded by `replay_sender_max_bytes`. Default 1 h.
+    pub durable_replay_window: Duration,
+    /// Children `core.cluster` may have at once (pending creates
+    /// included). Default 64.
+    pub max_children: usize,
+    /// Time the child host has for one operation (start a child, stop it,
+    /// open a bind on it); a create not running by then is answered
+    /// `timeout` and undone. Default 30 s.
+    pub host_timeout: Duration,
+    /// Monitoring copies waiting to be sent to the control plane; beyond
+    /// it, copies are dropped and the gap is reported. Default 1024.
+    pub copy_queue_len: usize,
+    /// Bytes of monitoring copies waiting to be sent. Default 4 MiB.
+    pub copy_queue_bytes: usize,
+    /// Args larger than this are left out of a monitoring copy (it says
+    /// `truncated` and the length). Default 64 KiB.
+    pub copy_body_max: usize,
 }
 
 impl Default for Limits {
@@ -113,6 +134,12 @@ impl Default for Limits {
             close_timeout: Duration::from_secs(1),
             reconnect_initial: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(30),
+            durable_replay_window: Duration::from_secs(3600),
+            max_children: 64,
+            host_timeout: Duration::from_secs(30),
+            copy_queue_len: 1024,
+            copy_queue_bytes: 4 << 20,
+            copy_body_max: 64 << 10,
         }
     }
 }
@@ -146,6 +173,8 @@ impl Limits {
             ("max_inbound_sessions", self.max_inbound_sessions),
             ("max_outbound_sessions", self.max_outbound_sessions),
             ("max_handshakes_per_source", self.max_handshakes_per_source),
+            ("copy_queue_len", self.copy_queue_len),
+            ("copy_queue_bytes", self.copy_queue_bytes),
         ];
         for (name, value) in counts {
             if value == 0 {
@@ -166,6 +195,8 @@ impl Limits {
             ("close_timeout", self.close_timeout),
             ("reconnect_initial", self.reconnect_initial),
             ("reconnect_max", self.reconnect_max),
+            ("durable_replay_window", self.durable_replay_window),
+            ("host_timeout", self.host_timeout),
         ];
         for (name, value) in durations {
             if value > MAX_DURATION {
@@ -178,6 +209,7 @@ impl Limits {
             ("connect_timeout", self.connect_timeout),
             ("close_timeout", self.close_timeout),
             ("replay_window", self.replay_window),
+            ("host_timeout", self.host_timeout),
         ] {
             if value.is_zero() {
                 return Err(format!("{name} must be positive"));

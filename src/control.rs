@@ -30,6 +30,8 @@ pub(crate) struct Control {
     wire_limits: WireLimits,
     /// Wakes the expiry task when a pending bind is made.
     pending_changed: Notify,
+    /// The manifest, for watchers.
+    manifest_tx: tokio::sync::watch::Sender<Manifest>,
 }
 
 impl std::fmt::Debug for Control {
@@ -55,7 +57,9 @@ impl Control {
         peers: Arc<Peers>,
         wire_limits: WireLimits,
     ) -> Self {
+        let manifest_tx = tokio::sync::watch::channel(tracker.manifest().clone()).0;
         Self {
+            manifest_tx,
             binding,
             tracker: Mutex::new(tracker),
             registry,
@@ -68,6 +72,18 @@ impl Control {
     /// The current manifest.
     pub(crate) fn manifest(&self) -> Manifest {
         lock(&self.tracker).manifest().clone()
+    }
+
+    /// Watches the manifest.
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<Manifest> {
+        self.manifest_tx.subscribe()
+    }
+
+    /// Drops the pending bind, if any.
+    pub(crate) fn cancel_pending(&self, now: Instant) {
+        if self.binding.cancel_pending() {
+            self.refresh(now);
+        }
     }
 
     /// The current binding.
@@ -84,6 +100,7 @@ impl Control {
             if !tracker.refresh(&*self.registry, status) {
                 return;
             }
+            self.manifest_tx.send_replace(tracker.manifest().clone());
             match hello_for(tracker.manifest(), self.wire_limits) {
                 Ok(h) => h,
                 Err(e) => {

@@ -48,6 +48,9 @@ pub enum CallError {
     /// This node is shutting down.
     #[error("the node is shutting down")]
     Shutdown,
+    /// The invite cannot be used for this call (API misuse).
+    #[error("invalid invite: {0}")]
+    InvalidInvite(String),
 }
 
 impl CallError {
@@ -121,4 +124,14 @@ pub enum NodeError {
     /// This node keeps no more sessions of this kind.
     #[error("too many sessions")]
     TooManySessions,
+    /// The state directory or its store cannot be used.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The bind ceremony with the invited node failed.
+    #[error("bind failed: {0}")]
+    Bind(CallError),
+    /// A durable change could not be made (e.g. the state could not be
+    /// written).
+    #[error("state change failed: {0}")]
+    State(String),
 }

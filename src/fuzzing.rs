@@ -100,6 +100,10 @@ fn dispatcher_bound(controller: Option<NodeId>) -> Dispatcher {
         }),
         Arc::new(Extensions::default()),
         Duration::from_secs(300),
+        Arc::new(crate::tap::Tap::new(crate::tap::TapLimits {
+            max_len: 16,
+            max_bytes: 1 << 16,
+        })),
     );
     made.expect("the test dispatcher builds")
 }

@@ -90,23 +90,31 @@ mod error;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod host;
+mod invite;
 mod net;
 mod node;
 mod proto;
+mod store;
+mod tap;
 
 pub use addr::{Addr, AddrParseError};
 pub use client::Peer;
 pub use config::Limits;
+pub use core::configuration::ConfigWatch;
+pub use core::events::ControlEvent;
 pub use dispatch::error::HandlerError;
 pub use dispatch::extract::{Context, Extensions, FromContext, Meta, Sender, State};
 pub use dispatch::handler::Handler;
 pub use dispatch::metrics::{MetricRow, MetricsSnapshot, Outcome};
 pub use error::{CallError, NodeError};
+pub use invite::{Invite, InviteParseError, MAX_INVITE_LEN};
 pub use net::peers::Contact;
 pub use node::builder::{Capability, NodeBuilder};
 pub use node::handle::NodeHandle;
-pub use node::{Invite, Node};
+pub use node::{ManifestWatch, Node};
 pub use proto::ledger::LedgerSizes;
+pub use store::StoreError;
 
 pub use capwire_authz as authz;
 pub use capwire_envelope as envelope;

@@ -145,12 +145,15 @@ async fn throwaway_keys_cannot_take_the_slots_of_contacts_and_the_controller() {
         .start()
         .await
         .unwrap();
-    server.add_contact(Contact {
-        name: "friend".into(),
-        id: contact_id,
-        // Nobody listens there: the node's own dialling fails, quietly.
-        addr: "127.0.0.1:9".parse().unwrap(),
-    });
+    server
+        .add_contact(Contact {
+            name: "friend".into(),
+            id: contact_id,
+            // Nobody listens there: the node's own dialling fails, quietly.
+            addr: "127.0.0.1:9".parse().unwrap(),
+        })
+        .await
+        .unwrap();
     let mut throwaway = Vec::new();
     for _ in 0..3 {
         throwaway.push(RawPeer::connect(&server).await);

@@ -804,11 +804,14 @@ async fn the_budget_sent_is_what_is_left_of_the_deadline() {
     let key = Keypair::generate().unwrap();
     let raw_id = key.public();
     let client = client_node().await;
-    client.add_contact(capwire::Contact {
-        name: "raw".into(),
-        id: raw_id,
-        addr: Addr::Tcp(listener.local_addr().unwrap()),
-    });
+    client
+        .add_contact(capwire::Contact {
+            name: "raw".into(),
+            id: raw_id,
+            addr: Addr::Tcp(listener.local_addr().unwrap()),
+        })
+        .await
+        .unwrap();
     let call = {
         let peer = client.peer(raw_id);
         tokio::spawn(async move {

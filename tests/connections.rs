@@ -70,8 +70,8 @@ async fn nodes_dialling_each_other_at_once_keep_one_session() {
             listening_node("a", Keypair::generate().unwrap(), "127.0.0.1:0").await;
         let (b, b_counters) =
             listening_node("b", Keypair::generate().unwrap(), "127.0.0.1:0").await;
-        a.add_contact(contact_of(&b));
-        b.add_contact(contact_of(&a));
+        a.add_contact(contact_of(&b)).await.unwrap();
+        b.add_contact(contact_of(&a)).await.unwrap();
 
         wait_until("each node has a session with the other", || {
             a.connected_peers() == vec![b.id()] && b.connected_peers() == vec![a.id()]
@@ -126,7 +126,7 @@ async fn a_contact_that_restarts_on_the_same_address_is_reconnected() {
         .start()
         .await
         .unwrap();
-    a.add_contact(contact_of(&b));
+    a.add_contact(contact_of(&b)).await.unwrap();
     assert_eq!(a.contacts(), vec![contact_of(&b)]);
     let peer = a
         .wait_for_peer(b_id, Duration::from_secs(10))

@@ -169,7 +169,7 @@ async fn the_bound_control_plane_may_call_controller_verbs_until_it_disables() {
 
     let invite = server.invite(None).unwrap();
     assert_eq!(invite.node_id, server.id());
-    let reply = bind(&cp, &invite.code).await.unwrap();
+    let reply = bind(&cp, invite.code.as_deref().unwrap()).await.unwrap();
     assert_eq!(reply.manifest.node_id, server.id());
     assert_eq!(reply.manifest.monitoring, MonitoringStatus::On);
     assert_eq!(server.controller(), Some(control.id()));
@@ -181,7 +181,7 @@ async fn the_bound_control_plane_may_call_controller_verbs_until_it_disables() {
     assert_eq!(body.code, ErrorCode::Unauthorized);
     // The code is spent: nobody else can bind with it.
     assert_eq!(
-        bind_failure(bind(&stranger, &invite.code).await),
+        bind_failure(bind(&stranger, invite.code.as_deref().unwrap()).await),
         BindFailure::NoPending
     );
 
@@ -204,7 +204,7 @@ async fn a_local_unbind_revokes_the_former_controller() {
             "core.monitoring",
             "bind",
             &raw(&BindArgs {
-                code: invite.code.clone(),
+                code: invite.code.clone().unwrap(),
             }),
             DEADLINE,
         )
@@ -217,7 +217,7 @@ async fn a_local_unbind_revokes_the_former_controller() {
         format!("a for {}", control.id())
     );
 
-    assert_eq!(server.unbind(), Some(control.id()));
+    assert_eq!(server.unbind().await.unwrap(), Some(control.id()));
     let body = denied(cp.request(Admin, "b".into()).await);
     assert_eq!(body.code, ErrorCode::Unauthorized);
     assert_eq!(Counters::get(&counters.admin), 1);
@@ -235,7 +235,7 @@ async fn bind_failures_reach_the_caller_with_their_reason() {
     );
 
     let invite = server.invite(None).unwrap();
-    let wrong = wrong_code(&invite.code);
+    let wrong = wrong_code(invite.code.as_deref().unwrap());
     assert_eq!(
         bind_failure(bind(&cp, &wrong).await),
         BindFailure::WrongCode { attempts_left: 2 }
@@ -250,7 +250,7 @@ async fn bind_failures_reach_the_caller_with_their_reason() {
     );
     // The pending bind is gone: even the right code fails now.
     assert_eq!(
-        bind_failure(bind(&cp, &invite.code).await),
+        bind_failure(bind(&cp, invite.code.as_deref().unwrap()).await),
         BindFailure::NoPending
     );
     assert_eq!(server.controller(), None);
@@ -260,12 +260,12 @@ async fn bind_failures_reach_the_caller_with_their_reason() {
     let invite = server.invite(Some(other.id())).unwrap();
     for _ in 0..4 {
         assert_eq!(
-            bind_failure(bind(&cp, &invite.code).await),
+            bind_failure(bind(&cp, invite.code.as_deref().unwrap()).await),
             BindFailure::WrongSender
         );
     }
     let op = connect_tcp(&other, &server).await;
-    bind(&op, &invite.code).await.unwrap();
+    bind(&op, invite.code.as_deref().unwrap()).await.unwrap();
     assert_eq!(server.controller(), Some(other.id()));
 }
 
@@ -278,7 +278,10 @@ async fn two_control_planes_binding_at_once_exactly_one_wins() {
         connect_tcp(&b, &server).await,
     );
     let invite = server.invite(None).unwrap();
-    let (ra, rb) = tokio::join!(bind(&pa, &invite.code), bind(&pb, &invite.code));
+    let (ra, rb) = tokio::join!(
+        bind(&pa, invite.code.as_deref().unwrap()),
+        bind(&pb, invite.code.as_deref().unwrap())
+    );
     let winner = match (ra, rb) {
         (Ok(_), Err(e)) => {
             assert_eq!(bind_failure(Err(e)), BindFailure::NoPending);
@@ -480,7 +483,7 @@ async fn manifest_changes_are_pushed_to_connected_peers() {
     .await;
     let pending_epoch = peer.manifest().unwrap().epoch;
 
-    bind(&peer, &invite.code).await.unwrap();
+    bind(&peer, invite.code.as_deref().unwrap()).await.unwrap();
     wait_until("the client sees the binding", || {
         let m = peer.manifest().unwrap();
         m.epoch > pending_epoch && m.monitoring == MonitoringStatus::On
@@ -488,7 +491,7 @@ async fn manifest_changes_are_pushed_to_connected_peers() {
     .await;
     assert_eq!(*peer.manifest().unwrap(), server.manifest());
 
-    server.unbind();
+    server.unbind().await.unwrap();
     wait_until("the client sees the unbinding", || {
         peer.manifest().unwrap().monitoring == MonitoringStatus::Off
     })
@@ -544,7 +547,7 @@ async fn an_authorizer_that_fails_denies_controller_verbs() {
     let client = client_node().await;
     let peer = connect_tcp(&client, &server).await;
     let invite = server.invite(None).unwrap();
-    bind(&peer, &invite.code).await.unwrap();
+    bind(&peer, invite.code.as_deref().unwrap()).await.unwrap();
     assert_eq!(server.controller(), Some(client.id()));
     // Even the bound control plane is denied when the authorizer fails.
     let body = denied(peer.request(Admin, "x".into()).await);
@@ -567,7 +570,7 @@ async fn a_pending_bind_cleared_by_wrong_codes_is_pushed_as_a_new_epoch() {
     let pending = server.manifest();
     assert_eq!(pending.monitoring, MonitoringStatus::Pending);
 
-    let wrong = wrong_code(&invite.code);
+    let wrong = wrong_code(invite.code.as_deref().unwrap());
     for _ in 0..3 {
         bind_failure(bind(&peer, &wrong).await);
     }
@@ -593,7 +596,7 @@ async fn a_controller_request_queued_behind_an_unbind_is_unauthorized() {
         "bind",
         "bind",
         &raw(&BindArgs {
-            code: invite.code.clone(),
+            code: invite.code.clone().unwrap(),
         }),
     )
     .await;

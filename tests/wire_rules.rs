@@ -258,7 +258,9 @@ async fn node_apis_take_keys_in_any_encoding() {
     let reply = peer
         .request(
             capwire::manifest::MonitoringBind,
-            capwire::manifest::BindArgs { code: invite.code },
+            capwire::manifest::BindArgs {
+                code: invite.code.unwrap(),
+            },
         )
         .await
         .unwrap();
@@ -280,11 +282,14 @@ async fn node_apis_take_keys_in_any_encoding() {
 
     // Contact ids: stored and dialled as the real key.
     let dialer = common::client_node().await;
-    dialer.add_contact(Contact {
-        name: "server".into(),
-        id: alias(server.id()),
-        addr: Addr::Tcp(tcp_addr(&server)),
-    });
+    dialer
+        .add_contact(Contact {
+            name: "server".into(),
+            id: alias(server.id()),
+            addr: Addr::Tcp(tcp_addr(&server)),
+        })
+        .await
+        .unwrap();
     assert_eq!(dialer.contacts()[0].id, server.id());
     let via = dialer
         .wait_for_peer(alias(server.id()), Duration::from_secs(10))

@@ -214,6 +214,17 @@ impl BindingState {
         }
     }
 
+    /// A state restored from storage with its epoch: bound as `binding`
+    /// says, nothing pending. Epochs keep counting from there, so an
+    /// answer remembered under an earlier epoch is never taken for one of
+    /// the restored binding.
+    pub fn restore_binding(binding: Binding) -> Self {
+        Self {
+            binding,
+            pending: None,
+        }
+    }
+
     /// The current binding.
     pub fn binding(&self) -> Binding {
         self.binding

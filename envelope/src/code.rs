@@ -85,6 +85,9 @@ builtin_codes! {
     Duplicate = "duplicate",
     /// The operation needs a bound control plane and there is none.
     NotBound = "not_bound",
+    /// A compare-and-set found another version than the one it expected
+    /// (`core.configuration/set_config` with `if_version`).
+    Conflict = "conflict",
     /// The bind ceremony failed; `detail` says why (`{reason, attempts_left}`).
     BindFailed = "bind_failed",
     /// The deadline passed before the request completed.
@@ -357,7 +360,7 @@ mod tests {
 
     #[test]
     fn built_in_strings_round_trip() {
-        assert_eq!(ErrorCode::BUILT_IN.len(), 13);
+        assert_eq!(ErrorCode::BUILT_IN.len(), 14);
         for code in ErrorCode::BUILT_IN {
             assert_eq!(code.as_str().parse::<ErrorCode>().unwrap(), *code);
             assert!(AppCode::try_from(code.as_str()).is_err());
@@ -371,6 +374,7 @@ mod tests {
             "not_found",
             "duplicate",
             "not_bound",
+            "conflict",
             "bind_failed",
             "timeout",
             "cancelled",

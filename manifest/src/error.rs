@@ -195,10 +195,11 @@ pub enum ManifestError {
     /// A manifest does not list `core.monitoring`, which every node has.
     #[error("the manifest does not list core.monitoring")]
     MissingCoreMonitoring,
-    /// A manifest lists `core.monitoring` with other verbs than exactly
-    /// `bind` (request, bootstrap) and `disable` (request, controller).
+    /// A manifest lists `core.monitoring` without `bind` (request,
+    /// bootstrap) or `disable` (request, controller), or with one of them
+    /// of another kind or class.
     #[error(
-        "core.monitoring must have exactly bind (request, bootstrap) and \
+        "core.monitoring must have bind (request, bootstrap) and \
          disable (request, controller), not {found}"
     )]
     CoreMonitoringMismatch {

@@ -53,6 +53,7 @@
 //!   tracker                      the current manifest, epoch by epoch
 //!   registry                     declarations checked into routes and a manifest
 //!   validate                     the rules every manifest keeps
+//!   configuration, connect, cluster   the other core capabilities' verbs
 //!   monitoring, spec             core.monitoring; capability and verb declarations
 //!   manifest                     the manifest's wire format
 //!   error, verb                  ManifestError; typed verbs and verb!
@@ -68,6 +69,9 @@ mod verb;
 
 mod manifest;
 
+mod cluster;
+mod configuration;
+mod connect;
 mod monitoring;
 mod spec;
 
@@ -78,6 +82,16 @@ mod registry;
 mod tracker;
 
 pub use class::{AuthClass, DeclaredClass, VerbKind};
+pub use cluster::{
+    CORE_CLUSTER, ChildArgs, ChildStatus, ClusterContact, ClusterCreate, ClusterIntroduce,
+    ClusterList, ClusterRemove, ClusterRoster, ClusterSetBio, ClusterSetMonitoring,
+    ClusterSetPersona, ContactReply, CreateArgs, IntroducePairArgs, Member, Roster, SetBioArgs,
+    SetMonitoringArgs, SetPersonaArgs,
+};
+pub use configuration::{
+    CORE_CONFIGURATION, ConfigValue, GetConfig, SetConfig, SetConfigArgs, SetConfigReply,
+};
+pub use connect::{CORE_CONNECT, ConnectIntroduce, IntroduceArgs, IntroduceReply};
 pub use error::ManifestError;
 pub use limits::{
     MAX_APP_ID_LEN, MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN,
@@ -85,7 +99,8 @@ pub use limits::{
 };
 pub use manifest::{CapabilityManifest, Manifest, MonitoringStatus, VerbManifest};
 pub use monitoring::{
-    BindArgs, BindReply, CORE_MONITORING, MonitoringBind, MonitoringDisable, NoArgs,
+    BindArgs, BindReply, CORE_MONITORING, CopyDirection, CopyRecord, MonitoringBind,
+    MonitoringCopy, MonitoringDisable, MonitoringStatusRead, MonitoringStatusReply, NoArgs,
 };
 pub use registry::{MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo};
 pub use requirement::CapRequirement;

@@ -15,7 +15,7 @@ pub const CORE_MONITORING: &str = "core.monitoring";
 
 /// The version `core.monitoring` advertises.
 pub(crate) fn version() -> Version {
-    Version::new(1, 0, 0)
+    Version::new(1, 1, 0)
 }
 
 /// Args of `core.monitoring/bind`: the code of the node's pending bind.
@@ -74,4 +74,78 @@ verb! {
 verb! {
     /// `core.monitoring/disable` (controller): unbinds the control plane.
     pub struct MonitoringDisable: request "core.monitoring" / "disable", Controller, NoArgs => ();
+}
+
+/// Result of `core.monitoring/status`: what the manifest says about
+/// monitoring, and whether the caller is the bound control plane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MonitoringStatusReply {
+    /// `off`, `pending` or `on`.
+    pub monitoring: crate::MonitoringStatus,
+    /// `true` when the caller is the bound control plane.
+    pub you_are_controller: bool,
+    /// Sequence number of the last monitoring copy made (0: none yet).
+    pub copy_seq: u64,
+}
+
+verb! {
+    /// `core.monitoring/status` (bootstrap): the monitoring status, and
+    /// whether the caller is the bound control plane.
+    pub struct MonitoringStatusRead: request "core.monitoring" / "status", Bootstrap, NoArgs => MonitoringStatusReply;
+}
+
+/// Which way a copied control message went, seen from the copying node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyDirection {
+    /// Received by the node.
+    In,
+    /// Sent by the node.
+    Out,
+}
+
+/// A monitoring copy: one control message the node received or sent,
+/// delivered to its bound control plane as `core.monitoring/copy`.
+///
+/// `seq` counts every message the node copied or had to drop, so a control
+/// plane that sees `seq` jump by more than one knows it missed messages;
+/// `dropped` says how many were dropped (queue full, or the control plane
+/// unreachable) since the previous delivered copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CopyRecord {
+    /// The copy's sequence number, per node, from 1.
+    pub seq: u64,
+    /// Copies dropped just before this one.
+    pub dropped: u64,
+    /// `in` or `out`.
+    pub dir: CopyDirection,
+    /// The other end of the message.
+    #[schemars(with = "String")]
+    pub peer: capwire_envelope::NodeId,
+    /// When the node saw it, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// The message's capability.
+    pub cap: String,
+    /// The message's verb.
+    pub verb: String,
+    /// The message's request id (empty: a notification).
+    pub req_id: String,
+    /// The message's args, or `null` when they were larger than the copy
+    /// limit (then `truncated` is `true`).
+    #[schemars(with = "serde_json::Value")]
+    pub body: RawValue,
+    /// Length of the args item in bytes.
+    pub body_len: u64,
+    /// `true` when `body` was left out for its size.
+    pub truncated: bool,
+}
+
+verb! {
+    /// `core.monitoring/copy` (notification, bootstrap): a monitoring copy
+    /// sent by a node to its control plane. Every node accepts it and
+    /// hands it to its application with the sender's key; the application
+    /// decides which senders it watches.
+    pub struct MonitoringCopy: notification "core.monitoring" / "copy", Bootstrap, CopyRecord;
 }

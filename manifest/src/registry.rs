@@ -17,6 +17,7 @@ use crate::manifest::{CapabilityManifest, Manifest, MonitoringStatus, VerbManife
 use crate::monitoring::{self, MonitoringBind, MonitoringDisable};
 use crate::spec::{Capability, VerbSpec};
 use crate::validate::{check_len, check_params, check_schema, encoded_len};
+use crate::verb::VerbDef;
 
 /// Who a node is, as its manifest says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,6 +204,7 @@ impl<H> Registry<H> {
         RegistryBuilder {
             info,
             monitoring,
+            monitoring_verbs: Vec::new(),
             caps: Vec::new(),
         }
     }
@@ -296,6 +298,7 @@ enum Origin {
 pub struct RegistryBuilder<H> {
     info: NodeInfo,
     monitoring: MonitoringHandlers<H>,
+    monitoring_verbs: Vec<VerbSpec<H>>,
     caps: Vec<(Origin, Capability<H>)>,
 }
 
@@ -315,6 +318,14 @@ impl<H> RegistryBuilder<H> {
     /// Adds an application capability; its id must be under `app.*`.
     pub fn capability(mut self, cap: Capability<H>) -> Self {
         self.caps.push((Origin::App, cap));
+        self
+    }
+
+    /// Adds a verb to `core.monitoring` besides `bind` and `disable` (the
+    /// node runtime's `status` and `copy`). Checked like any other verb:
+    /// it must belong to `core.monitoring`.
+    pub fn monitoring_verb<V: VerbDef>(mut self, handler: H) -> Self {
+        self.monitoring_verbs.push(VerbSpec::typed::<V>(handler));
         self
     }
 
@@ -351,15 +362,20 @@ impl<H> RegistryBuilder<H> {
         let Self {
             info,
             monitoring,
+            monitoring_verbs,
             caps,
         } = self;
         check_len("app_id", &info.app_id, MAX_APP_ID_LEN)?;
         check_len("name", &info.name, MAX_NAME_LEN)?;
         check_len("description", &info.description, MAX_DESCRIPTION_LEN)?;
 
-        let core_monitoring = Capability::new(monitoring::CORE_MONITORING, monitoring::version())
-            .verb::<MonitoringBind>(monitoring.bind)
-            .verb::<MonitoringDisable>(monitoring.disable);
+        let mut core_monitoring =
+            Capability::new(monitoring::CORE_MONITORING, monitoring::version())
+                .verb::<MonitoringBind>(monitoring.bind)
+                .verb::<MonitoringDisable>(monitoring.disable);
+        for spec in monitoring_verbs {
+            core_monitoring = core_monitoring.verb_spec(spec);
+        }
 
         let mut seen = HashSet::new();
         let mut entries = Vec::with_capacity(caps.len() + 1);

@@ -207,14 +207,14 @@ fn check_monitoring(manifest: &Manifest) -> Result<(), ManifestError> {
     let Some(monitoring) = manifest.capability(CORE_MONITORING) else {
         return Err(ManifestError::MissingCoreMonitoring);
     };
-    let matches = monitoring.verbs.len() == MONITORING_VERBS.len()
-        && monitoring
+    // `bind` and `disable` are required, as they are; a node may offer
+    // more monitoring verbs (capwire's own add `status` and `copy`).
+    let matches = MONITORING_VERBS.iter().all(|(name, kind, class)| {
+        monitoring
             .verbs
             .iter()
-            .zip(MONITORING_VERBS)
-            .all(|(v, (name, kind, class))| {
-                v.name.as_str() == name && v.kind == kind && v.class == class
-            });
+            .any(|v| v.name.as_str() == *name && v.kind == *kind && v.class == *class)
+    });
     if matches {
         return Ok(());
     }

@@ -30,6 +30,7 @@ use capwire_manifest::{DeclaredClass, Registry, VerbKind};
 
 use crate::proto::ledger::{Check, Ledger, Partition};
 use crate::proto::session::{Admission, Admit, Work};
+use crate::tap::{Tap, Way};
 use extract::Extensions;
 use handler::RouteHandler;
 use metrics::{Metrics, Outcome};
@@ -100,6 +101,8 @@ pub(crate) struct Dispatcher {
     extensions: Arc<Extensions>,
     max_handler_time: Duration,
     shutting_down: AtomicBool,
+    /// Copies of inbound envelopes, for `core.monitoring`.
+    tap: Arc<Tap>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -130,6 +133,7 @@ impl Dispatcher {
         ledger: Ledger,
         extensions: Arc<Extensions>,
         max_handler_time: Duration,
+        tap: Arc<Tap>,
     ) -> Result<Self, String> {
         for (i, route) in registry.routes().enumerate() {
             let entry = route.dangerous_handler();
@@ -151,6 +155,7 @@ impl Dispatcher {
             extensions,
             max_handler_time,
             shutting_down: AtomicBool::new(false),
+            tap,
         })
     }
 
@@ -196,6 +201,7 @@ impl Admission for Dispatcher {
         now: Instant,
         room: bool,
     ) -> Admit<Job> {
+        self.tap.record(Way::In, sender, record);
         let notification = c.req_id.is_fire_and_forget();
         let binding = self.binding.snapshot();
         let permit = match decide(&self.registry, &self.gate, &binding, sender, c.cap, c.verb)

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::addr::Addr;
 use crate::net::conn::SessionHooks;
 use crate::net::session::{Direction, Session};
+use crate::tap::Tap;
 
 /// A contact: a peer this node knows by name, key and address, and keeps a
 /// session with (redialling with backoff when it drops).
@@ -92,6 +93,8 @@ pub(crate) struct Peers {
     next_session: AtomicU64,
     /// Cancelled when the node stops accepting and dialling.
     stopping: CancellationToken,
+    /// Where copies of outbound envelopes go while a control plane is bound.
+    tap: Arc<Tap>,
 }
 
 impl std::fmt::Debug for Peers {
@@ -111,6 +114,7 @@ impl Peers {
         budget_limits: BudgetLimits,
         first_req: u64,
         stopping: CancellationToken,
+        tap: Arc<Tap>,
     ) -> Self {
         Self {
             local,
@@ -124,7 +128,12 @@ impl Peers {
             next_req: AtomicU64::new(first_req),
             next_session: AtomicU64::new(1),
             stopping,
+            tap,
         }
+    }
+
+    pub(crate) fn tap(&self) -> &Tap {
+        &self.tap
     }
 
     pub(crate) fn stopping(&self) -> &CancellationToken {
@@ -183,6 +192,17 @@ impl Peers {
             old.cancel();
         }
         token
+    }
+
+    /// Stops dialling `id` (its current session, if any, stays up).
+    pub(crate) fn remove_contact(&self, id: &NodeId) -> bool {
+        match lock(&self.contacts).remove(id) {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     pub(crate) fn is_contact(&self, id: &NodeId) -> bool {

@@ -1,6 +1,7 @@
 //! [`NodeBuilder`] and [`Capability`]: what a node is made of, checked when
 //! it starts.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use capwire_authz::Authorizer;
@@ -13,6 +14,7 @@ use crate::config::Limits;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{Handler, RouteEntry, RouteHandler, Typed};
 use crate::error::NodeError;
+use crate::host::Host;
 use crate::net::peers::Contact;
 use crate::node::runtime::Parts;
 
@@ -107,6 +109,8 @@ pub struct NodeBuilder {
     pub(crate) extensions: Extensions,
     pub(crate) authorizer: Option<Arc<dyn Authorizer>>,
     pub(crate) controller: Option<NodeId>,
+    pub(crate) state_dir: Option<PathBuf>,
+    pub(crate) host: Option<Arc<dyn Host>>,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -135,6 +139,8 @@ impl NodeBuilder {
             extensions: Extensions::default(),
             authorizer: None,
             controller: None,
+            state_dir: None,
+            host: None,
         }
     }
 
@@ -207,9 +213,35 @@ impl NodeBuilder {
         self
     }
 
-    /// Starts already bound to this control plane (e.g. restored from storage).
+    /// Starts bound to this control plane, unless the state directory
+    /// already holds a binding (which then wins).
     pub fn bound_to(mut self, controller: NodeId) -> Self {
         self.controller = Some(controller);
+        self
+    }
+
+    /// Keeps the node's state in `dir`: its identity, contacts, binding,
+    /// configuration, cluster roster and the answers of state-changing
+    /// control requests, so that it comes back as itself after a restart.
+    /// A missing directory is created (owner-only). A directory another
+    /// node has open, or holding a damaged or foreign store, makes
+    /// [`start`](Self::start) fail with [`StoreError`](crate::StoreError);
+    /// nothing is replaced. Without a state directory the node keeps its
+    /// state in memory.
+    ///
+    /// With [`keypair`](Self::keypair) as well, the key must be the one the
+    /// directory holds (or the directory is new).
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.state_dir = Some(dir.into());
+        self
+    }
+
+    /// Runs the node's children (`core.cluster`) with `host`. Default: an
+    /// [`InProcessHost`](crate::host::InProcessHost) of bare nodes, keeping
+    /// their state under `STATE_DIR/children` when the node has a state
+    /// directory.
+    pub fn host(mut self, host: impl Host) -> Self {
+        self.host = Some(Arc::new(host));
         self
     }
 
@@ -227,6 +259,8 @@ impl NodeBuilder {
             extensions: self.extensions,
             authorizer: self.authorizer,
             controller: self.controller,
+            state_dir: self.state_dir,
+            host: self.host,
         };
         (parts, self.listen, self.contacts)
     }

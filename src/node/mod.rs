@@ -19,8 +19,10 @@ use tokio::net::UnixListener;
 
 use crate::addr::Addr;
 use crate::client::{Peer, deadline_after};
+use crate::core::configuration::ConfigWatch;
 use crate::dispatch::metrics::MetricsSnapshot;
 use crate::error::NodeError;
+use crate::invite::Invite;
 use crate::net::dialer;
 use crate::net::listener::accept_loop;
 use crate::net::peers::Contact;
@@ -155,15 +157,59 @@ impl Node {
         Ok(Invite {
             node_id: self.rt.id,
             addrs: self.local_addrs(),
-            code,
+            code: Some(code),
         })
     }
 
-    /// Unbinds the control plane, locally.
-    pub fn unbind(&self) -> Option<NodeId> {
+    /// Drops the pending bind (the invite's code stops working).
+    pub fn cancel_invite(&self) {
         self.rt
             .control
-            .unbind(tokio::time::Instant::now().into_std())
+            .cancel_pending(tokio::time::Instant::now().into_std());
+    }
+
+    /// Unbinds the control plane, locally and durably; returns the one that
+    /// was bound.
+    ///
+    /// # Errors
+    /// [`NodeError::State`] when the change could not be written (the node
+    /// is then unbound for this run only).
+    pub async fn unbind(&self) -> Result<Option<NodeId>, NodeError> {
+        self.rt
+            .core
+            .unbind()
+            .await
+            .map_err(|e| NodeError::State(e.body().message.clone()))
+    }
+
+    /// The configuration the control plane set (`core.configuration`).
+    pub fn config(&self) -> capwire_manifest::ConfigValue {
+        self.rt.core.config()
+    }
+
+    /// Watches the configuration.
+    pub fn watch_config(&self) -> ConfigWatch {
+        ConfigWatch(self.rt.core.watch_config())
+    }
+
+    /// This node's roster of children (`core.cluster`).
+    pub fn roster(&self) -> capwire_manifest::Roster {
+        self.rt.core.roster()
+    }
+
+    /// Watches this node's manifest (epoch, monitoring status, ...).
+    pub fn watch_manifest(&self) -> ManifestWatch {
+        ManifestWatch(self.rt.control.watch())
+    }
+
+    /// The pushes other nodes send this one as their control plane:
+    /// monitoring copies and roster updates, with the sender's key. Each
+    /// call gives a new receiver that sees pushes from then on; a receiver
+    /// that falls more than 1024 behind is told how many it missed.
+    pub fn control_events(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<crate::core::events::ControlEvent> {
+        self.rt.core.subscribe_events()
     }
 
     /// Starts listening on another address; returns the bound address.
@@ -264,15 +310,75 @@ impl Node {
         Ok(self.peer(session.remote()))
     }
 
-    /// Adds a contact: the node keeps a session with it, redialling with
-    /// bounded exponential backoff whenever it drops. Contacts may use the
-    /// sessions kept in reserve when the budgets are used up.
-    pub fn add_contact(&self, mut contact: Contact) {
+    /// Adds a durable contact: the node keeps a session with it,
+    /// redialling with bounded exponential backoff whenever it drops, and
+    /// remembers it across restarts (with a state directory). Contacts may
+    /// use the sessions kept in reserve when the budgets are used up.
+    /// Returns `false` when the contact was already known as it is.
+    ///
+    /// # Errors
+    /// The node is shutting down; the contact could not be written.
+    pub async fn add_contact(&self, mut contact: Contact) -> Result<bool, NodeError> {
         if self.rt.peers.stopping().is_cancelled() {
-            return;
+            return Err(NodeError::Shutdown);
         }
         contact.id = canonical_node_id(&contact.id);
-        self.rt.start_contact(contact);
+        self.rt
+            .core
+            .add_contact(contact)
+            .await
+            .map_err(|e| NodeError::State(e.body().message.clone()))
+    }
+
+    /// Forgets a contact (durably) and stops dialling it; its session, if
+    /// up, stays until it ends. Returns `false` when it was not a durable
+    /// contact.
+    ///
+    /// # Errors
+    /// The change could not be written.
+    pub async fn remove_contact(&self, id: NodeId) -> Result<bool, NodeError> {
+        let id = canonical_node_id(&id);
+        let durable = self
+            .rt
+            .core
+            .remove_contact(id)
+            .await
+            .map_err(|e| NodeError::State(e.body().message.clone()))?;
+        Ok(self.rt.peers.remove_contact(&id) || durable)
+    }
+
+    /// Connects to the node an invite names (trying its addresses in
+    /// order) and, when the invite carries a code, binds it: this node
+    /// becomes its control plane. Returns the peer and, after a bind, what
+    /// the node answered (its manifest, roster and configuration).
+    ///
+    /// # Errors
+    /// [`NodeError::ConnectionLost`] (or the last dial error) when no
+    /// address could be reached; the bind's failure as
+    /// [`NodeError::Bind`].
+    pub async fn connect_invite(
+        &self,
+        invite: &Invite,
+    ) -> Result<(Peer, Option<capwire_manifest::BindReply>), NodeError> {
+        let mut last = NodeError::ConnectionLost("the invite names no address".into());
+        let mut peer = None;
+        for addr in &invite.addrs {
+            match self.connect(addr, Some(invite.node_id)).await {
+                Ok(p) => {
+                    peer = Some(p);
+                    break;
+                }
+                Err(e) => last = e,
+            }
+        }
+        let Some(peer) = peer else {
+            return Err(last);
+        };
+        if invite.code.is_none() {
+            return Ok((peer, None));
+        }
+        let reply = peer.bind(invite).await.map_err(NodeError::Bind)?;
+        Ok((peer, Some(reply)))
     }
 
     /// The known contacts.
@@ -325,42 +431,47 @@ impl NodeBuilder {
     /// not given, a listener cannot bind, the keypair cannot be generated,
     /// or a limit is invalid.
     pub async fn start(self) -> Result<Node, NodeError> {
-        let (parts, listen, contacts) = self.into_parts();
+        let (mut parts, listen, contacts) = self.into_parts();
+        let (dir, keypair) = (parts.state_dir.clone(), parts.keypair.take());
+        let opened = tokio::task::spawn_blocking(move || runtime::open_state(dir, keypair))
+            .await
+            .map_err(|e| NodeError::State(e.to_string()))??;
         let node = Node {
-            rt: Arc::new(runtime::build(parts)?),
+            rt: Arc::new(runtime::build(parts, opened)?),
         };
-        node.rt.spawn_background();
         for addr in listen {
             if let Err(e) = node.listen(addr).await {
                 node.shutdown().await;
                 return Err(e);
             }
         }
-        for contact in contacts {
-            node.add_contact(contact);
+        node.rt.spawn_background();
+        // The builder's contacts are for this run (not written to the state).
+        for mut contact in contacts {
+            contact.id = canonical_node_id(&contact.id);
+            node.rt.start_contact(contact);
         }
         Ok(node)
     }
 }
 
-/// What a control plane needs to bind a node: its id, addresses and the
-/// one-time code.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Invite {
-    /// The node's identity.
-    pub node_id: NodeId,
-    /// Where it listens.
-    pub addrs: Vec<Addr>,
-    /// The bind code.
-    pub code: String,
-}
+/// Watches a node's manifest; see [`Node::watch_manifest`].
+#[derive(Debug, Clone)]
+pub struct ManifestWatch(pub(crate) tokio::sync::watch::Receiver<Manifest>);
 
-impl std::fmt::Debug for Invite {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Invite")
-            .field("node_id", &self.node_id)
-            .field("addrs", &self.addrs)
-            .field("code", &"<redacted>")
-            .finish()
+impl ManifestWatch {
+    /// The manifest now.
+    pub fn current(&self) -> Manifest {
+        self.0.borrow().clone()
+    }
+
+    /// Waits for the next change and returns it; `None` when the node is
+    /// gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn changed(&mut self) -> Option<Manifest> {
+        self.0.changed().await.ok()?;
+        Some(self.0.borrow_and_update().clone())
     }
 }

@@ -27,11 +27,15 @@ use tokio_util::task::TaskTracker;
 use crate::addr::Addr;
 use crate::config::Limits;
 use crate::control::{Control, hello_for};
-use crate::core::monitoring::{self, ControlHandle};
+use crate::core::answers::AnswerLimits;
+use crate::core::monitoring;
+use crate::core::state::{Core, CoreLimits, CoreState, Dialer};
+use crate::core::{cluster, configuration, connect};
 use crate::dispatch::Dispatcher;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::RouteHandler;
 use crate::error::NodeError;
+use crate::host::{Host, InProcessHost};
 use crate::net::Net;
 use crate::net::accept::{AcceptGate, AcceptLimits};
 use crate::net::conn::{ConnEnv, Timing};
@@ -39,6 +43,9 @@ use crate::net::peers::{BudgetLimits, Contact, Peers};
 use crate::node::handle::NodeHandle;
 use crate::proto::ledger::{Ledger, LedgerLimits};
 use crate::proto::session::SessionLimits;
+use crate::store::memory::MemoryStore;
+use crate::store::{Batch, Loaded, Store};
+use crate::tap::{Tap, TapLimits};
 
 /// How often the replay ledger is swept of expired entries.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -56,6 +63,53 @@ pub(crate) struct Parts {
     pub(crate) extensions: Extensions,
     pub(crate) authorizer: Option<Arc<dyn Authorizer>>,
     pub(crate) controller: Option<NodeId>,
+    pub(crate) state_dir: Option<std::path::PathBuf>,
+    pub(crate) host: Option<Arc<dyn Host>>,
+}
+
+/// The node's state, opened (off the executor) before the node is built.
+pub(crate) struct Opened {
+    pub(crate) keypair: Keypair,
+    pub(crate) store: Arc<dyn Store>,
+    /// A real disk is behind the store: commits go to a blocking thread.
+    pub(crate) blocking: bool,
+    pub(crate) loaded: Loaded,
+    pub(crate) dir: Option<std::path::PathBuf>,
+}
+
+/// Opens the state directory of `parts` (or a store in memory) and reads it.
+///
+/// # Errors
+/// The directory or its store cannot be used; a given keypair that is not
+/// the directory's.
+pub(crate) fn open_state(
+    dir: Option<std::path::PathBuf>,
+    keypair: Option<Keypair>,
+) -> Result<Opened, NodeError> {
+    match dir {
+        Some(dir) => {
+            let state = crate::store::dir::StateDir::open(&dir, keypair)?;
+            let store: Arc<dyn Store> = state.store();
+            let loaded = store.load()?;
+            Ok(Opened {
+                keypair: state.keypair().clone(),
+                store,
+                blocking: true,
+                loaded,
+                dir: Some(dir),
+            })
+        }
+        None => Ok(Opened {
+            keypair: match keypair {
+                Some(k) => k,
+                None => Keypair::generate()?,
+            },
+            store: Arc::new(MemoryStore::new()),
+            blocking: false,
+            loaded: Loaded::default(),
+            dir: None,
+        }),
+    }
 }
 
 /// Everything a running node owns.
@@ -66,8 +120,11 @@ pub(crate) struct Runtime {
     pub(crate) peers: Arc<Peers>,
     pub(crate) dispatcher: Arc<Dispatcher>,
     pub(crate) control: Arc<Control>,
+    pub(crate) core: Arc<CoreState>,
     pub(crate) handle: NodeHandle,
     pub(crate) tracker: TaskTracker,
+    /// Answers found expired when the store was read, to delete.
+    pub(crate) expired_answers: Mutex<Vec<crate::store::AnswerKey>>,
     /// Stops the node's own background tasks (expiry, sweeping).
     pub(crate) stop_background: CancellationToken,
     pub(crate) stop_handlers: CancellationToken,
@@ -84,13 +141,16 @@ impl std::fmt::Debug for Runtime {
 }
 
 /// Builds a node's parts. Nothing runs yet.
-pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
+pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     p.limits.validate().map_err(NodeError::Config)?;
     p.transport.validate()?;
-    let keypair = match p.keypair {
-        Some(k) => k,
-        None => Keypair::generate()?,
-    };
+    let Opened {
+        keypair,
+        store,
+        blocking,
+        loaded,
+        dir,
+    } = opened;
     let id = keypair.public();
     let limits = p.limits;
 
@@ -104,15 +164,30 @@ pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
             bind: monitoring::bind_handler(),
             disable: monitoring::disable_handler(),
         },
-    );
+    )
+    .monitoring_verb::<capwire_manifest::MonitoringStatusRead>(monitoring::status_handler())
+    .monitoring_verb::<capwire_manifest::MonitoringCopy>(monitoring::copy_handler())
+    .core_capability(configuration::capability())
+    .core_capability(connect::capability())
+    .core_capability(cluster::capability());
     for cap in p.caps {
         registry = registry.capability(cap);
     }
     let registry = Arc::new(registry.build()?);
 
-    let binding = Arc::new(SharedBinding::new(BindingState::restore(
-        p.controller.map(|c| canonical_node_id(&c)),
-    )));
+    // A binding in the store wins over the builder's.
+    let restored = match &loaded.binding {
+        Some(b) => {
+            BindingState::restore_binding(capwire_authz::Binding::new(b.controller, b.epoch))
+        }
+        None => BindingState::restore(p.controller.map(|c| canonical_node_id(&c))),
+    };
+    let binding = Arc::new(SharedBinding::new(restored));
+    let tap = Arc::new(Tap::new(TapLimits {
+        max_len: limits.copy_queue_len,
+        max_bytes: limits.copy_queue_bytes,
+    }));
+    tap.set_controller(binding.snapshot().controller().copied());
     let ledger = Ledger::new(LedgerLimits {
         window: limits.replay_window,
         max_bytes: limits.replay_max_bytes,
@@ -148,6 +223,7 @@ pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
         },
         first_req,
         stopping,
+        tap.clone(),
     ));
 
     let gate = match p.authorizer {
@@ -162,8 +238,39 @@ pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
         wire_limits,
     ));
     let handle = NodeHandle::new(id, peers.clone(), control.clone(), limits.default_deadline);
+    let host: Arc<dyn Host> = match p.host {
+        Some(h) => h,
+        None => {
+            let mut h = InProcessHost::new();
+            if let Some(dir) = &dir {
+                h = h.state_dir(dir.join("children"));
+            }
+            Arc::new(h)
+        }
+    };
+    let (core, expired_answers) = CoreState::new(
+        id,
+        store,
+        blocking,
+        loaded,
+        control.clone(),
+        tap.clone(),
+        handle.clone(),
+        host,
+        CoreLimits {
+            answers: AnswerLimits {
+                window_ms: u64::try_from(limits.durable_replay_window.as_millis())
+                    .unwrap_or(u64::MAX),
+                sender_max_bytes: limits.replay_sender_max_bytes,
+            },
+            host_timeout: limits.host_timeout,
+            max_children: limits.max_children,
+            copy_body_max: limits.copy_body_max,
+        },
+    );
+    let core = Arc::new(core);
     let mut extensions = p.extensions;
-    extensions.insert_runtime(ControlHandle(control.clone()));
+    extensions.insert_runtime(Core(core.clone()));
     extensions.insert_runtime(handle.clone());
     let dispatcher = Arc::new(
         Dispatcher::new(
@@ -173,6 +280,7 @@ pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
             ledger,
             Arc::new(extensions),
             limits.max_handler_time,
+            tap,
         )
         .map_err(NodeError::Config)?,
     );
@@ -216,6 +324,11 @@ pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
         connect_timeout: limits.connect_timeout,
         refused: AtomicU64::new(0),
     });
+    core.set_dialer(Dialer {
+        net: Arc::downgrade(&net),
+        tracker: tracker.clone(),
+        reconnect: (limits.reconnect_initial, limits.reconnect_max),
+    });
     Ok(Runtime {
         id,
         limits,
@@ -223,8 +336,10 @@ pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
         peers,
         dispatcher,
         control,
+        core,
         handle,
         tracker,
+        expired_answers: Mutex::new(expired_answers),
         stop_background: CancellationToken::new(),
         stop_handlers,
         local_addrs: Mutex::new(Vec::new()),
@@ -233,9 +348,59 @@ pub(crate) fn build(p: Parts) -> Result<Runtime, NodeError> {
 }
 
 impl Runtime {
-    /// Starts the node's own background tasks: pending-bind expiry and
-    /// ledger sweeping.
+    /// Starts the node's own background tasks: pending-bind expiry,
+    /// ledger sweeping, monitoring copies, roster pushes, the host's
+    /// events, and the reconciliation of the roster with the host; and
+    /// dials the durable contacts.
     pub(crate) fn spawn_background(&self) {
+        let stop = self.stop_background.clone();
+        self.tracker
+            .spawn(monitoring::copy_loop(self.core.clone(), stop.clone()));
+        self.tracker
+            .spawn(cluster::push_loop(self.core.clone(), stop.clone()));
+        self.tracker
+            .spawn(cluster::host_events(self.core.clone(), stop.clone()));
+        // Reconciling waits for the host; shutdown does not wait for it.
+        tokio::spawn(cluster::reconcile(self.core.clone()));
+        let expired = std::mem::take(
+            &mut *self
+                .expired_answers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if !expired.is_empty() {
+            let core = self.core.clone();
+            self.tracker.spawn(async move {
+                let _d = core.durable.lock().await;
+                let batch = Batch {
+                    del_answers: expired,
+                    ..Batch::default()
+                };
+                if let Err(e) = core.commit(batch).await {
+                    tracing::warn!(error = ?e, "expired answers not deleted");
+                }
+            });
+        }
+        let contacts: Vec<Contact> = self
+            .core
+            .durable
+            .try_lock()
+            .map(|d| {
+                d.contacts
+                    .values()
+                    .filter_map(|c| {
+                        Some(Contact {
+                            name: c.name.clone(),
+                            id: c.id,
+                            addr: c.addr.parse().ok()?,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for c in contacts {
+            self.start_contact(c);
+        }
         let control = self.control.clone();
         let stop = self.stop_background.clone();
         self.tracker.spawn(control.expire_pending(stop));

@@ -6,7 +6,8 @@
 //!        └► cancel the rest (they answer `cancelled`) .. at most SETTLE
 //!            └► close every session (`shutdown`), all at once
 //!                 each is dropped after close_timeout at the latest
-//!                └► wait for every task of the node .. at most close_timeout + SLACK
+//!                └► wait for every task of the node ... at most close_timeout + SLACK
+//!  (children the host runs in this process shut down alongside, from the start)
 //! ```
 //!
 //! So `shutdown` returns within `shutdown_grace + close_timeout + 350 ms`
@@ -50,6 +51,10 @@ pub(crate) async fn shutdown(rt: &Runtime) {
     rt.dispatcher.begin_shutdown();
     rt.peers.stopping().cancel();
     rt.stop_background.cancel();
+    // Children the host runs here stop alongside (their own graceful
+    // shutdown, started now); not waited for beyond the bound.
+    let host = rt.core.host.clone();
+    let children = tokio::spawn(async move { host.shutdown().await });
 
     wait_idle(rt, Instant::now() + rt.limits.shutdown_grace).await;
     rt.stop_handlers.cancel();
@@ -59,10 +64,14 @@ pub(crate) async fn shutdown(rt: &Runtime) {
     rt.net.env.close_all.cancel();
     rt.tracker.close();
     let bound = rt.limits.close_timeout + SLACK;
-    if tokio::time::timeout(bound, rt.tracker.wait())
-        .await
-        .is_err()
-    {
+    // Children that cannot outlive the node stop alongside, in the same bound.
+    let children = async move {
+        if tokio::time::timeout(bound, children).await.is_err() {
+            tracing::warn!("shutdown: children still stopping after the close bound");
+        }
+    };
+    let (waited, ()) = tokio::join!(tokio::time::timeout(bound, rt.tracker.wait()), children);
+    if waited.is_err() {
         tracing::warn!(
             tasks = rt.tracker.len(),
             "shutdown: tasks still running after the close bound; leaving them"

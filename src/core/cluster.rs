@@ -1,0 +1,676 @@
+//! `core.cluster` (controller): the node's children. The roster is kept
+//! by [`Roster`](crate::core::roster::Roster) and written with every
+//! change; a [`Host`](crate::host::Host) runs the children. Operations
+//! that wait for the host are done in steps, each written before the
+//! next begins, so that a crash at any point leaves a roster that
+//! [`reconcile`] brings in line with what the host runs.
+//!
+//! Cluster operations run one at a time; reads (`list`, `contact`) do not
+//! wait for them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
+use capwire_manifest::{
+    ChildArgs, ChildStatus, ClusterContact, ClusterCreate, ClusterIntroduce, ClusterList,
+    ClusterRemove, ClusterRoster, ClusterSetBio, ClusterSetMonitoring, ClusterSetPersona,
+    ContactReply, CreateArgs, IntroducePairArgs, Member, MonitoringStatus, NoArgs, Roster,
+    SetBioArgs, SetMonitoringArgs, SetPersonaArgs,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::addr::Addr;
+use crate::core::events::ControlEvent;
+use crate::core::roster::{check_name, check_text, monitoring_str, status_of, status_str, view};
+use crate::core::state::{Core, CoreState, Durable, OnceKey, lock, typed};
+use crate::dispatch::extract::{Meta, Sender};
+use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
+use crate::host::{ChildInfo, ChildSpec, HostError, HostEvent};
+use crate::invite::Invite;
+use crate::net::peers::Contact;
+use crate::store::{Batch, MemberRecord};
+
+/// How long one roster push may wait for the control plane's session.
+const PUSH_DEADLINE: Duration = Duration::from_secs(5);
+
+fn not_found(cid: &str) -> ErrorBody {
+    ErrorBody::new(ErrorCode::NotFound, format!("not_found: no child {cid:?}"))
+}
+
+fn host_error(e: &HostError) -> HandlerError {
+    match e {
+        HostError::NotFound(_) => HandlerError::new(ErrorCode::NotFound, e.to_string()),
+        HostError::Capacity(_) => HandlerError::new(ErrorCode::Overloaded, e.to_string()),
+        _ => HandlerError::new(ErrorCode::Internal, format!("internal: {e}")),
+    }
+}
+
+fn host_timeout() -> HandlerError {
+    HandlerError::new(
+        ErrorCode::Timeout,
+        "timeout: the child host did not finish in time",
+    )
+}
+
+fn with_info(m: &mut MemberRecord, info: &ChildInfo) {
+    m.node_id = Some(info.node_id);
+    m.addrs = info.addrs.iter().map(ToString::to_string).collect();
+    m.caps = info.caps.clone();
+    m.status = status_str(ChildStatus::Running).to_owned();
+}
+
+fn spec_of(m: &MemberRecord) -> ChildSpec {
+    ChildSpec {
+        cid: m.cid.clone(),
+        name: m.name.clone(),
+        bio: m.bio.clone(),
+        addrs: m.addrs.iter().filter_map(|a| a.parse().ok()).collect(),
+    }
+}
+
+impl CoreState {
+    /// Runs a host call within the host timeout.
+    async fn host_call<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, HostError>>,
+    ) -> Result<T, HandlerError> {
+        match tokio::time::timeout(self.limits.host_timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(host_error(&e)),
+            Err(_) => Err(host_timeout()),
+        }
+    }
+
+    /// Writes a roster change (with an answer, when `key` is given) and
+    /// applies it.
+    async fn write_roster<T: serde::Serialize>(
+        &self,
+        d: &mut Durable,
+        put: Vec<MemberRecord>,
+        del: Vec<String>,
+        answer: Option<(&OnceKey, &Result<T, ErrorBody>)>,
+    ) -> Result<(), HandlerError> {
+        let meta = d.roster.bumped(d.roster.meta);
+        self.write_roster_meta(d, meta, put, del, answer).await
+    }
+
+    async fn write_roster_meta<T: serde::Serialize>(
+        &self,
+        d: &mut Durable,
+        meta: crate::store::RosterMeta,
+        put: Vec<MemberRecord>,
+        del: Vec<String>,
+        answer: Option<(&OnceKey, &Result<T, ErrorBody>)>,
+    ) -> Result<(), HandlerError> {
+        let batch = Batch {
+            roster: Some(meta),
+            put_members: put.clone(),
+            del_members: del.clone(),
+            ..Batch::default()
+        };
+        match answer {
+            Some((key, result)) => self.finish(d, key, batch, result).await?,
+            None => self.commit(batch).await?,
+        }
+        d.roster.apply(meta, &put, &del);
+        self.publish_roster(d);
+        Ok(())
+    }
+
+    /// Answers `key` with `result` without changing the roster.
+    async fn answer_only<T: serde::Serialize>(
+        &self,
+        d: &mut Durable,
+        key: &OnceKey,
+        result: Result<T, ErrorBody>,
+    ) -> Result<T, HandlerError> {
+        self.finish(d, key, Batch::default(), &result).await?;
+        result.map_err(HandlerError::from)
+    }
+
+    async fn create(
+        &self,
+        from: NodeId,
+        key: OnceKey,
+        args: CreateArgs,
+    ) -> Result<Member, HandlerError> {
+        let _ops = self.cluster_ops.lock().await;
+        let mut d = self.durable.lock().await;
+        if let Some(answer) = self.remembered(&d, &key) {
+            return typed(answer);
+        }
+        // The same request retried after a crash: carry on with its child.
+        let member = match d.roster.by_origin(&from, &key.key.req_id).cloned() {
+            Some(m) if status_of(&m) == ChildStatus::Pending => m,
+            Some(m) => {
+                let result = Ok(view(&m));
+                return self.answer_only(&mut d, &key, result).await;
+            }
+            None => {
+                let bio = args.bio.clone().unwrap_or_default();
+                let checked = check_name(&args.name).and_then(|()| check_text("bio", &bio));
+                if let Err(e) = checked {
+                    return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
+                }
+                if d.roster.name_taken(&args.name) {
+                    let e = ErrorBody::new(
+                        ErrorCode::Duplicate,
+                        format!("duplicate: a child is already named {:?}", args.name),
+                    );
+                    return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
+                }
+                if d.roster.len() >= self.limits.max_children {
+                    return Err(HandlerError::new(
+                        ErrorCode::Overloaded,
+                        "overloaded: the node has as many children as it may",
+                    ));
+                }
+                let (cid, meta) = d.roster.next_cid();
+                let m = MemberRecord {
+                    cid,
+                    name: args.name.clone(),
+                    bio,
+                    persona: String::new(),
+                    monitoring: monitoring_str(MonitoringStatus::Off).to_owned(),
+                    status: status_str(ChildStatus::Pending).to_owned(),
+                    node_id: None,
+                    addrs: Vec::new(),
+                    caps: Vec::new(),
+                    origin: Some((from, key.key.req_id.clone())),
+                };
+                let meta = d.roster.bumped(meta);
+                self.write_roster_meta::<()>(&mut d, meta, vec![m.clone()], vec![], None)
+                    .await?;
+                m
+            }
+        };
+        drop(d);
+        let started = self.host_call(self.host.start(spec_of(&member))).await;
+        let mut d = self.durable.lock().await;
+        let Some(mut current) = d.roster.get(&member.cid).cloned() else {
+            // Removed meanwhile.
+            let _ = self.host_call(self.host.stop(&member.cid)).await;
+            return Err(HandlerError::new(
+                ErrorCode::Cancelled,
+                "cancelled: the child was removed",
+            ));
+        };
+        match started {
+            Ok(info) => {
+                with_info(&mut current, &info);
+                let result = Ok(view(&current));
+                self.write_roster(&mut d, vec![current], vec![], Some((&key, &result)))
+                    .await?;
+                result.map_err(HandlerError::from)
+            }
+            Err(e) => {
+                drop(d);
+                let _ = self.host_call(self.host.stop(&member.cid)).await;
+                let mut d = self.durable.lock().await;
+                // Undone: the name is free again. The failure is not
+                // remembered: nothing changed, a retry may start afresh.
+                self.write_roster::<()>(&mut d, vec![], vec![member.cid.clone()], None)
+                    .await?;
+                Err(e)
+            }
+        }
+    }
+
+    async fn remove(&self, key: OnceKey, cid: String) -> Result<(), HandlerError> {
+        let _ops = self.cluster_ops.lock().await;
+        let mut d = self.durable.lock().await;
+        if let Some(answer) = self.remembered(&d, &key) {
+            return typed(answer);
+        }
+        let Some(mut m) = d.roster.get(&cid).cloned() else {
+            return self.answer_only(&mut d, &key, Ok(())).await;
+        };
+        m.status = status_str(ChildStatus::Removing).to_owned();
+        self.write_roster::<()>(&mut d, vec![m], vec![], None)
+            .await?;
+        drop(d);
+        self.host_call(self.host.stop(&cid)).await?;
+        let mut d = self.durable.lock().await;
+        let result = Ok(());
+        self.write_roster(&mut d, vec![], vec![cid.clone()], Some((&key, &result)))
+            .await?;
+        lock(&self.invites).remove(&cid);
+        Ok(())
+    }
+
+    async fn set_text(
+        &self,
+        key: OnceKey,
+        cid: String,
+        what: &'static str,
+        text: String,
+    ) -> Result<Member, HandlerError> {
+        let _ops = self.cluster_ops.lock().await;
+        let mut d = self.durable.lock().await;
+        if let Some(answer) = self.remembered(&d, &key) {
+            return typed(answer);
+        }
+        if let Err(e) = check_text(what, &text) {
+            return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
+        }
+        let Some(mut m) = d.roster.get(&cid).cloned() else {
+            return self
+                .answer_only::<Member>(&mut d, &key, Err(not_found(&cid)))
+                .await;
+        };
+        if what == "bio" {
+            m.bio = text;
+        } else {
+            m.persona = text;
+        }
+        let result = Ok(view(&m));
+        self.write_roster(&mut d, vec![m], vec![], Some((&key, &result)))
+            .await?;
+        result.map_err(HandlerError::from)
+    }
+
+    async fn set_monitoring(
+        &self,
+        key: OnceKey,
+        args: SetMonitoringArgs,
+    ) -> Result<Member, HandlerError> {
+        let _ops = self.cluster_ops.lock().await;
+        let mut d = self.durable.lock().await;
+        if let Some(answer) = self.remembered(&d, &key) {
+            return typed(answer);
+        }
+        let Some(m) = d.roster.get(&args.cid).cloned() else {
+            return self
+                .answer_only::<Member>(&mut d, &key, Err(not_found(&args.cid)))
+                .await;
+        };
+        // The control plane comes from the binding, never from the args.
+        let controller = self.control.binding().controller().copied();
+        if args.enabled && controller.is_none() {
+            let e = ErrorBody::new(
+                ErrorCode::NotBound,
+                "not_bound: this node has no control plane to watch its children",
+            );
+            return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
+        }
+        if status_of(&m) != ChildStatus::Running {
+            return Err(HandlerError::new(
+                ErrorCode::Unavailable,
+                format!("unavailable: child {:?} is not running", args.cid),
+            ));
+        }
+        drop(d);
+        let monitoring = if let (true, Some(controller)) = (args.enabled, controller) {
+            let invite = self
+                .host_call(self.host.open_bind(&args.cid, controller))
+                .await?;
+            lock(&self.invites).insert(args.cid.clone(), invite);
+            MonitoringStatus::Pending
+        } else {
+            self.host_call(self.host.close_bind(&args.cid)).await?;
+            lock(&self.invites).remove(&args.cid);
+            MonitoringStatus::Off
+        };
+        let mut d = self.durable.lock().await;
+        let Some(mut m) = d.roster.get(&args.cid).cloned() else {
+            return Err(HandlerError::from(not_found(&args.cid)));
+        };
+        // A child its control plane already watches stays `on`.
+        if !(args.enabled && m.monitoring == monitoring_str(MonitoringStatus::On)) {
+            m.monitoring = monitoring_str(monitoring).to_owned();
+        }
+        let result = Ok(view(&m));
+        self.write_roster(&mut d, vec![m], vec![], Some((&key, &result)))
+            .await?;
+        result.map_err(HandlerError::from)
+    }
+
+    fn contact(&self, cid: &str) -> Result<ContactReply, HandlerError> {
+        let roster = self.roster();
+        let m = roster
+            .members
+            .iter()
+            .find(|m| m.cid == cid)
+            .ok_or_else(|| HandlerError::from(not_found(cid)))?;
+        let Some(node_id) = m.node_id else {
+            return Err(HandlerError::new(
+                ErrorCode::Unavailable,
+                format!("unavailable: child {cid:?} has not started"),
+            ));
+        };
+        let pending = m.monitoring == MonitoringStatus::Pending;
+        let invite = match lock(&self.invites).get(cid) {
+            Some(i) if pending => i.clone(),
+            _ => Invite {
+                node_id,
+                addrs: m.addrs.iter().filter_map(|a| a.parse().ok()).collect(),
+                code: None,
+            },
+        };
+        Ok(ContactReply {
+            invite: invite.to_string(),
+        })
+    }
+
+    async fn introduce_pair(
+        &self,
+        key: OnceKey,
+        args: IntroducePairArgs,
+    ) -> Result<(), HandlerError> {
+        let _ops = self.cluster_ops.lock().await;
+        let mut d = self.durable.lock().await;
+        if let Some(answer) = self.remembered(&d, &key) {
+            return typed(answer);
+        }
+        if args.peer_a == args.peer_b {
+            let e = ErrorBody::new(
+                ErrorCode::BadArgs,
+                "bad_args: a child is not introduced to itself",
+            );
+            return self.answer_only::<()>(&mut d, &key, Err(e)).await;
+        }
+        let (Some(a), Some(b)) = (
+            d.roster.get(&args.peer_a).cloned(),
+            d.roster.get(&args.peer_b).cloned(),
+        ) else {
+            let missing = if d.roster.get(&args.peer_a).is_none() {
+                &args.peer_a
+            } else {
+                &args.peer_b
+            };
+            return self
+                .answer_only::<()>(&mut d, &key, Err(not_found(missing)))
+                .await;
+        };
+        let contact_of = |m: &MemberRecord| -> Result<Contact, HandlerError> {
+            let id = m.node_id.ok_or_else(|| {
+                HandlerError::new(
+                    ErrorCode::Unavailable,
+                    format!("unavailable: child {:?} has not started", m.cid),
+                )
+            })?;
+            let addr: Addr = m
+                .addrs
+                .first()
+                .and_then(|a| a.parse().ok())
+                .ok_or_else(|| {
+                    HandlerError::new(
+                        ErrorCode::Unavailable,
+                        format!("unavailable: child {:?} has no address", m.cid),
+                    )
+                })?;
+            Ok(Contact {
+                name: m.name.clone(),
+                id,
+                addr,
+            })
+        };
+        let (ca, cb) = (contact_of(&a)?, contact_of(&b)?);
+        drop(d);
+        self.host_call(self.host.add_contact(&a.cid, cb)).await?;
+        self.host_call(self.host.add_contact(&b.cid, ca)).await?;
+        let mut d = self.durable.lock().await;
+        self.answer_only(&mut d, &key, Ok(())).await
+    }
+
+    /// A child changed on its own (the host said so).
+    async fn host_event(&self, event: HostEvent) {
+        let _ops = self.cluster_ops.lock().await;
+        let mut d = self.durable.lock().await;
+        let cid = match &event {
+            HostEvent::Exited { cid, .. } | HostEvent::Monitoring { cid, .. } => cid.clone(),
+        };
+        let Some(mut m) = d.roster.get(&cid).cloned() else {
+            return;
+        };
+        let before = m.clone();
+        match event {
+            HostEvent::Exited { detail, .. } => {
+                tracing::warn!(cid = %cid, detail = %detail, "child exited");
+                m.status = status_str(ChildStatus::Exited).to_owned();
+            }
+            HostEvent::Monitoring { status, .. } => {
+                m.monitoring = monitoring_str(status).to_owned();
+            }
+        }
+        if m == before {
+            return;
+        }
+        if let Err(e) = self.write_roster::<()>(&mut d, vec![m], vec![], None).await {
+            tracing::error!(error = ?e, "roster change not written");
+        }
+    }
+}
+
+/// Brings the roster in line with the host after a (re)start: children
+/// that should run are started again (with the same identity), removals
+/// that were under way are finished, creates that were under way are
+/// completed (their requests, retried, find them), and binds that were
+/// open for the control plane are opened again.
+pub(crate) async fn reconcile(core: Arc<CoreState>) {
+    let _ops = core.cluster_ops.lock().await;
+    let members: Vec<MemberRecord> = core
+        .durable
+        .lock()
+        .await
+        .roster
+        .members
+        .values()
+        .cloned()
+        .collect();
+    for m in members {
+        let status = status_of(&m);
+        if status == ChildStatus::Removing {
+            if core.host_call(core.host.stop(&m.cid)).await.is_ok() {
+                let mut d = core.durable.lock().await;
+                let _ = core
+                    .write_roster::<()>(&mut d, vec![], vec![m.cid.clone()], None)
+                    .await;
+            }
+            continue;
+        }
+        let started = core.host_call(core.host.start(spec_of(&m))).await;
+        let mut d = core.durable.lock().await;
+        let Some(mut current) = d.roster.get(&m.cid).cloned() else {
+            continue;
+        };
+        match started {
+            Ok(info) => with_info(&mut current, &info),
+            Err(e) if status == ChildStatus::Pending => {
+                tracing::warn!(cid = %m.cid, error = ?e, "pending child did not start: dropped");
+                let _ = core
+                    .write_roster::<()>(&mut d, vec![], vec![m.cid.clone()], None)
+                    .await;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(cid = %m.cid, error = ?e, "child did not restart");
+                current.status = status_str(ChildStatus::Exited).to_owned();
+            }
+        }
+        let reopen = current.monitoring == monitoring_str(MonitoringStatus::Pending)
+            && status_of(&current) == ChildStatus::Running;
+        if current != m {
+            let _ = core
+                .write_roster::<()>(&mut d, vec![current.clone()], vec![], None)
+                .await;
+        }
+        drop(d);
+        if reopen {
+            match core.control.binding().controller().copied() {
+                Some(cp) => {
+                    if let Ok(invite) = core.host_call(core.host.open_bind(&m.cid, cp)).await {
+                        lock(&core.invites).insert(m.cid.clone(), invite);
+                    }
+                }
+                None => {
+                    let mut d = core.durable.lock().await;
+                    current.monitoring = monitoring_str(MonitoringStatus::Off).to_owned();
+                    let _ = core
+                        .write_roster::<()>(&mut d, vec![current], vec![], None)
+                        .await;
+                }
+            }
+        }
+    }
+}
+
+/// Pushes every roster change to the bound control plane, newest first
+/// (changes made while a push is under way are sent as one).
+pub(crate) async fn push_loop(core: Arc<CoreState>, stop: CancellationToken) {
+    let mut rx = core.watch_roster();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = rx.changed() => if changed.is_err() { return },
+        }
+        let roster = rx.borrow_and_update().clone();
+        let Some(cp) = core.control.binding().controller().copied() else {
+            continue;
+        };
+        let peer = core.handle.peer(cp);
+        tokio::select! {
+            () = stop.cancelled() => return,
+            sent = peer.notify_within(ClusterRoster, roster, PUSH_DEADLINE) => {
+                if let Err(e) = sent {
+                    tracing::debug!(error = %e, "roster push not delivered");
+                }
+            }
+        }
+    }
+}
+
+/// Applies what the host reports about its children, until `stop`.
+pub(crate) async fn host_events(core: Arc<CoreState>, stop: CancellationToken) {
+    let Some(mut events) = core.host.events() else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            event = events.recv() => match event {
+                Some(e) => core.host_event(e).await,
+                None => return,
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// Handlers
+
+async fn list(_args: NoArgs, Core(core): Core) -> Result<Roster, HandlerError> {
+    Ok(core.roster())
+}
+
+async fn create(
+    args: CreateArgs,
+    Sender(from): Sender,
+    meta: Meta,
+    Core(core): Core,
+) -> Result<Member, HandlerError> {
+    let key = OnceKey::of::<ClusterCreate>(from, &meta.req_id);
+    let c = core.clone();
+    core.detached(async move { c.create(from, key, args).await })
+        .await
+}
+
+async fn remove(
+    args: ChildArgs,
+    Sender(from): Sender,
+    meta: Meta,
+    Core(core): Core,
+) -> Result<(), HandlerError> {
+    let key = OnceKey::of::<ClusterRemove>(from, &meta.req_id);
+    let c = core.clone();
+    core.detached(async move { c.remove(key, args.cid).await })
+        .await
+}
+
+async fn set_bio(
+    args: SetBioArgs,
+    Sender(from): Sender,
+    meta: Meta,
+    Core(core): Core,
+) -> Result<Member, HandlerError> {
+    let key = OnceKey::of::<ClusterSetBio>(from, &meta.req_id);
+    let c = core.clone();
+    core.detached(async move { c.set_text(key, args.cid, "bio", args.bio).await })
+        .await
+}
+
+async fn set_persona(
+    args: SetPersonaArgs,
+    Sender(from): Sender,
+    meta: Meta,
+    Core(core): Core,
+) -> Result<Member, HandlerError> {
+    let key = OnceKey::of::<ClusterSetPersona>(from, &meta.req_id);
+    let c = core.clone();
+    core.detached(async move { c.set_text(key, args.cid, "persona", args.persona).await })
+        .await
+}
+
+async fn set_monitoring(
+    args: SetMonitoringArgs,
+    Sender(from): Sender,
+    meta: Meta,
+    Core(core): Core,
+) -> Result<Member, HandlerError> {
+    let key = OnceKey::of::<ClusterSetMonitoring>(from, &meta.req_id);
+    let c = core.clone();
+    core.detached(async move { c.set_monitoring(key, args).await })
+        .await
+}
+
+async fn contact(args: ChildArgs, Core(core): Core) -> Result<ContactReply, HandlerError> {
+    core.contact(&args.cid)
+}
+
+async fn introduce(
+    args: IntroducePairArgs,
+    Sender(from): Sender,
+    meta: Meta,
+    Core(core): Core,
+) -> Result<(), HandlerError> {
+    let key = OnceKey::of::<ClusterIntroduce>(from, &meta.req_id);
+    let c = core.clone();
+    core.detached(async move { c.introduce_pair(key, args).await })
+        .await
+}
+
+async fn roster(
+    roster: Roster,
+    Sender(from): Sender,
+    Core(core): Core,
+) -> Result<(), HandlerError> {
+    let _ = core.events.send(ControlEvent::Roster { from, roster });
+    Ok(())
+}
+
+macro_rules! route {
+    ($verb:ty, ($($e:ty),+), $f:expr) => {
+        Arc::new(RouteEntry::new(Typed::<$verb, ($($e,)+), _>::new($f))) as RouteHandler
+    };
+}
+
+pub(crate) fn capability() -> capwire_manifest::Capability<RouteHandler> {
+    capwire_manifest::Capability::new(
+        capwire_manifest::CORE_CLUSTER,
+        capwire_manifest::Version::new(1, 0, 0),
+    )
+    .verb::<ClusterList>(route!(ClusterList, (Core), list))
+    .verb::<ClusterCreate>(route!(ClusterCreate, (Sender, Meta, Core), create))
+    .verb::<ClusterRemove>(route!(ClusterRemove, (Sender, Meta, Core), remove))
+    .verb::<ClusterSetBio>(route!(ClusterSetBio, (Sender, Meta, Core), set_bio))
+    .verb::<ClusterSetPersona>(route!(ClusterSetPersona, (Sender, Meta, Core), set_persona))
+    .verb::<ClusterSetMonitoring>(route!(
+        ClusterSetMonitoring,
+        (Sender, Meta, Core),
+        set_monitoring
+    ))
+    .verb::<ClusterContact>(route!(ClusterContact, (Core), contact))
+    .verb::<ClusterIntroduce>(route!(ClusterIntroduce, (Sender, Meta, Core), introduce))
+    .verb::<ClusterRoster>(route!(ClusterRoster, (Sender, Core), roster))
+}

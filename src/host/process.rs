@@ -1,0 +1,1 @@
+//! The process host: each child is a supervised `capwire node` process.

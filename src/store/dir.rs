@@ -1,0 +1,292 @@
+//! The state directory: its permissions, its lock, the identity key.
+//!
+//! A state directory holds `state.redb` (the [`RedbStore`], whose lock
+//! keeps every other node out while it is open) and `identity.key` (the
+//! node's secret key: `capwire-identity-v1\n`, 64 lowercase hex digits,
+//! `\n`; mode 0600). The store records the node id the key belongs to, so
+//! a key and a store that do not belong together are refused, and a store
+//! whose key is lost is never given a new identity.
+
+use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
+use std::hint::black_box;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use capwire_transport::Keypair;
+
+use super::StoreError;
+use super::redb::{RedbStore, io_error};
+
+/// The store's file in the state directory.
+pub(crate) const STORE_FILE: &str = "state.redb";
+/// The identity key's file in the state directory.
+pub(crate) const KEY_FILE: &str = "identity.key";
+/// Where a new key file is written before it is renamed into place.
+const KEY_TEMP: &str = ".identity.key.new";
+const KEY_HEADER: &[u8] = b"capwire-identity-v1\n";
+/// The whole key file: header, 64 hex digits, newline.
+const KEY_TEXT_LEN: usize = KEY_HEADER.len() + 64 + 1;
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// An open state directory: its store (locked for as long as this value
+/// or a clone of [`StateDir::store`] lives) and the node's identity.
+#[derive(Debug)]
+pub(crate) struct StateDir {
+    store: Arc<RedbStore>,
+    keypair: Keypair,
+}
+
+impl StateDir {
+    /// Opens the state directory at `path`, creating it (mode 0700, parents
+    /// too) when missing.
+    ///
+    /// The identity: a new directory takes `keypair`, or a generated key,
+    /// and writes it to `identity.key`; an existing one uses the key it
+    /// holds, and `keypair`, when given, must be that key.
+    ///
+    /// # Errors
+    /// [`StoreError::NotADirectory`], [`StoreError::Permission`],
+    /// [`StoreError::Locked`] (another node has it open), the store's
+    /// errors, [`StoreError::Identity`] (key and store do not belong
+    /// together, the key is missing while the store exists, `keypair` is
+    /// another key, or the key file is readable by other users) and
+    /// [`StoreError::Corrupt`] (the key file is damaged).
+    pub(crate) fn open(path: &Path, keypair: Option<Keypair>) -> Result<StateDir, StoreError> {
+        prepare_dir(path)?;
+        let (store, opened) = RedbStore::open(&path.join(STORE_FILE))?;
+        let identity = |detail: String| StoreError::Identity {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let stored = read_key_file(path)?;
+        let (chosen, record) = match (opened.node_id, stored) {
+            (Some(id), Some(stored)) => {
+                if stored.public() != id {
+                    return Err(identity(format!(
+                        "{KEY_FILE} holds the key of node {}, but the store belongs to node {id}",
+                        stored.public()
+                    )));
+                }
+                (stored, false)
+            }
+            (Some(id), None) => {
+                return Err(identity(format!(
+                    "the store belongs to node {id}, but {KEY_FILE} is missing; restore it \
+                     from a backup (a new identity is never made for an existing store)"
+                )));
+            }
+            (None, Some(stored)) => (stored, true),
+            (None, None) => {
+                let new = match keypair {
+                    Some(ref given) => given.clone(),
+                    None => Keypair::generate().map_err(|e| StoreError::Io {
+                        path: path.join(KEY_FILE),
+                        source: io::Error::other(e),
+                    })?,
+                };
+                write_key_file(path, &new)?;
+                (new, true)
+            }
+        };
+        if let Some(given) = &keypair
+            && given.public() != chosen.public()
+        {
+            return Err(identity(format!(
+                "the given key is node {}, but this directory belongs to node {}",
+                given.public(),
+                chosen.public()
+            )));
+        }
+        if record {
+            store.set_node_id(chosen.public())?;
+        }
+        Ok(StateDir {
+            store: Arc::new(store),
+            keypair: chosen,
+        })
+    }
+
+    /// The store. The directory stays locked until every clone is dropped.
+    pub(crate) fn store(&self) -> Arc<RedbStore> {
+        Arc::clone(&self.store)
+    }
+
+    /// The node's identity.
+    pub(crate) fn keypair(&self) -> &Keypair {
+        &self.keypair
+    }
+}
+
+/// Makes sure `path` is a directory we can use, creating it when missing.
+fn prepare_dir(path: &Path) -> Result<(), StoreError> {
+    let not_a_directory = || StoreError::NotADirectory(path.to_path_buf());
+    match fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => {
+            // Listing it proves it can be read; writing is proven by the
+            // store and key files, whose errors say Permission too.
+            fs::read_dir(path).map_err(|e| io_error(path, e))?;
+            Ok(())
+        }
+        Ok(_) => Err(not_a_directory()),
+        Err(e) if e.kind() == io::ErrorKind::NotADirectory => Err(not_a_directory()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path)
+                .map_err(|e| match e.kind() {
+                    io::ErrorKind::NotADirectory => not_a_directory(),
+                    _ => io_error(path, e),
+                })?;
+            // Whatever the umask left, the directory is ours alone.
+            fs::set_permissions(path, Permissions::from_mode(0o700))
+                .map_err(|e| io_error(path, e))?;
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(parent)?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(io_error(path, e)),
+    }
+}
+
+/// Reads `dir`'s key file; `None` when there is none.
+fn read_key_file(dir: &Path) -> Result<Option<Keypair>, StoreError> {
+    let path = dir.join(KEY_FILE);
+    let corrupt = |detail: &str| StoreError::Corrupt {
+        path: path.clone(),
+        detail: detail.to_owned(),
+    };
+    let mut file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error(&path, e)),
+    };
+    let meta = file.metadata().map_err(|e| io_error(&path, e))?;
+    if !meta.is_file() {
+        return Err(corrupt("not a regular file"));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(StoreError::Identity {
+            path: dir.to_path_buf(),
+            detail: format!(
+                "{} has mode {mode:03o}: other users may have read the secret key, so it is \
+                 not used; if it has not leaked, run `chmod 600 {}`",
+                path.display(),
+                path.display()
+            ),
+        });
+    }
+    // A stack buffer one byte longer than a key file, so that a longer
+    // file is noticed without the secret ever being copied to the heap.
+    let mut text = [0u8; KEY_TEXT_LEN + 1];
+    let result = read_up_to(&mut file, &mut text)
+        .map_err(|e| io_error(&path, e))
+        .and_then(|n| {
+            parse_key(&text[..n]).ok_or_else(|| corrupt("not a capwire-identity-v1 key"))
+        });
+    text.fill(0);
+    black_box(&mut text);
+    result.map(Some)
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// The key in a key file's text, or `None` when the text is not exactly
+/// a key file.
+fn parse_key(text: &[u8]) -> Option<Keypair> {
+    let hex = text.strip_prefix(KEY_HEADER)?.strip_suffix(b"\n")?;
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut secret = [0u8; 32];
+    let mut valid = true;
+    for (byte, pair) in secret.iter_mut().zip(hex.chunks_exact(2)) {
+        match (nibble(pair[0]), nibble(pair[1])) {
+            (Some(high), Some(low)) => *byte = high << 4 | low,
+            _ => valid = false,
+        }
+    }
+    let keypair = valid.then(|| Keypair::from_secret_bytes(secret));
+    secret.fill(0);
+    black_box(&mut secret);
+    keypair
+}
+
+fn nibble(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+/// Writes `keypair` as `dir`'s key file, atomically: a complete file
+/// (mode 0600, synced) is renamed into place, and the directory synced.
+fn write_key_file(dir: &Path, keypair: &Keypair) -> Result<(), StoreError> {
+    let secret = keypair.secret_bytes();
+    let mut text = [0u8; KEY_TEXT_LEN];
+    let (header, rest) = text.split_at_mut(KEY_HEADER.len());
+    header.copy_from_slice(KEY_HEADER);
+    for (pair, byte) in rest.chunks_exact_mut(2).zip(secret.iter()) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0x0f)];
+    }
+    text[KEY_TEXT_LEN - 1] = b'\n';
+    let result = write_atomically(dir, &text);
+    text.fill(0);
+    black_box(&mut text);
+    result
+}
+
+fn write_atomically(dir: &Path, text: &[u8]) -> Result<(), StoreError> {
+    let temp = dir.join(KEY_TEMP);
+    let target = dir.join(KEY_FILE);
+    // A leftover of an open that crashed while writing: the store's lock
+    // is ours, so nobody else is writing it, and it never became the key.
+    match fs::remove_file(&temp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error(&temp, e)),
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .map_err(|e| io_error(&temp, e))?;
+    let written = file
+        .write_all(text)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io_error(&temp, e));
+    drop(file);
+    let renamed =
+        written.and_then(|()| fs::rename(&temp, &target).map_err(|e| io_error(&target, e)));
+    if renamed.is_err() {
+        // Best effort: the temporary file holds the secret.
+        let _ = fs::remove_file(&temp);
+    }
+    renamed?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error(dir, e))
+}

@@ -1,0 +1,144 @@
+//! What the store keeps, as plain values. Each record is stored as one
+//! item in the strict CBOR profile (`capwire_envelope::to_vec`), so the
+//! bytes on disk follow the same rules as the bytes on the wire.
+
+use capwire_envelope::NodeId;
+use serde::{Deserialize, Serialize};
+
+/// Format of the records below; bumped on any incompatible change. A
+/// store written with another format is refused, never rewritten.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+/// The node's binding to its control plane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BindingRecord {
+    /// The bound control plane (canonical key), if any.
+    pub(crate) controller: Option<NodeId>,
+    /// The binding epoch: bumped on every bind and unbind, never reused.
+    pub(crate) epoch: u64,
+}
+
+/// The node's configuration: an opaque CBOR item and its version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ConfigRecord {
+    /// Bumped on every successful `set_config`; 0 = never set.
+    pub(crate) version: u64,
+    /// One CBOR data item in the strict profile.
+    #[serde(with = "serde_bytes_compat")]
+    pub(crate) value: Vec<u8>,
+}
+
+/// A durable contact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ContactRecord {
+    /// The contact's key (canonical).
+    pub(crate) id: NodeId,
+    /// A local name.
+    pub(crate) name: String,
+    /// Where to dial it, in [`crate::Addr`]'s text form.
+    pub(crate) addr: String,
+}
+
+/// The roster's own counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RosterMeta {
+    /// Bumped on every roster change.
+    pub(crate) version: u64,
+    /// The number the next child id is made from (ids are never reused).
+    pub(crate) next_cid: u64,
+}
+
+/// One child node in the roster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MemberRecord {
+    /// The child id, unique for the life of the parent.
+    pub(crate) cid: String,
+    /// Unique among members (pending creates included).
+    pub(crate) name: String,
+    pub(crate) bio: String,
+    pub(crate) persona: String,
+    /// `off`, `pending` or `on`.
+    pub(crate) monitoring: String,
+    /// `pending` (being created), `running`, `exited`, `removing`.
+    pub(crate) status: String,
+    /// The child's key, once the host has started it.
+    pub(crate) node_id: Option<NodeId>,
+    /// Where the child listens ([`crate::Addr`] text forms).
+    pub(crate) addrs: Vec<String>,
+    /// The child's capabilities, as `id@version`.
+    pub(crate) caps: Vec<String>,
+    /// The request that created it: (sender, req_id), so that the same
+    /// request retried after a crash finds its own pending create.
+    pub(crate) origin: Option<(NodeId, String)>,
+}
+
+/// Identifies a remembered answer: (sender, req_id).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct AnswerKey {
+    pub(crate) sender: NodeId,
+    pub(crate) req_id: String,
+}
+
+/// The answer to a state-changing controller request, written in the same
+/// transaction as the change it made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AnswerRecord {
+    pub(crate) key: AnswerKey,
+    /// The (cap, verb) it answered: the same req_id on another verb is a
+    /// `duplicate`, never this answer.
+    pub(crate) cap: String,
+    pub(crate) verb: String,
+    /// `true`: `body` is the result item; `false`: an encoded `ErrorBody`.
+    pub(crate) ok: bool,
+    #[serde(with = "serde_bytes_compat")]
+    pub(crate) body: Vec<u8>,
+    /// When it was answered, in milliseconds since the Unix epoch (wall
+    /// clock: it must mean something after a restart).
+    pub(crate) at_ms: u64,
+    /// Order of answers of one sender: the oldest goes first.
+    pub(crate) seq: u64,
+}
+
+impl AnswerRecord {
+    /// What this answer counts against its sender's quota.
+    pub(crate) fn cost(&self) -> usize {
+        ANSWER_OVERHEAD + self.key.req_id.len() + self.cap.len() + self.verb.len() + self.body.len()
+    }
+}
+
+/// Bytes counted for an answer besides its variable parts.
+pub(crate) const ANSWER_OVERHEAD: usize = 160;
+
+/// Byte strings as CBOR byte strings (serde's default for `Vec<u8>` is an
+/// array of integers).
+mod serde_bytes_compat {
+    use serde::de::{Error, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+        }
+        d.deserialize_bytes(V)
+    }
+}

@@ -1,0 +1,204 @@
+//! The monitoring tap: where the runtime drops a copy of every control
+//! envelope it receives or sends while a control plane is bound, for
+//! `core.monitoring` to send on. Taking a copy never blocks and never
+//! allocates on the data path beyond one queue slot: the frame's bytes
+//! are shared, not copied, and a full queue drops the copy (its sequence
+//! number is used all the same, so the control plane sees the gap).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use capwire_envelope::NodeId;
+use tokio::sync::Notify;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Which way a tapped frame went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Way {
+    In,
+    Out,
+}
+
+/// One tapped control frame, waiting to be turned into a copy.
+#[derive(Debug, Clone)]
+pub(crate) struct Tapped {
+    pub(crate) seq: u64,
+    pub(crate) way: Way,
+    pub(crate) peer: NodeId,
+    pub(crate) at_ms: u64,
+    /// The whole control frame.
+    pub(crate) frame: Bytes,
+}
+
+/// Bounds of the tap's queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TapLimits {
+    pub(crate) max_len: usize,
+    pub(crate) max_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    items: VecDeque<Tapped>,
+    bytes: usize,
+    /// Who the copies are for; frames to or from it are not copied.
+    controller: Option<NodeId>,
+    /// The last sequence number given out before `controller` was set:
+    /// what its first copy's gap is counted from.
+    base: u64,
+}
+
+/// The tap. Off (one relaxed load per frame) unless a control plane is
+/// bound.
+#[derive(Debug)]
+pub(crate) struct Tap {
+    on: AtomicBool,
+    seq: AtomicU64,
+    queue: Mutex<Queue>,
+    ready: Notify,
+    limits: TapLimits,
+}
+
+/// Milliseconds since the Unix epoch, by the wall clock.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Tap {
+    pub(crate) fn new(limits: TapLimits) -> Self {
+        Self {
+            on: AtomicBool::new(false),
+            seq: AtomicU64::new(0),
+            queue: Mutex::new(Queue::default()),
+            ready: Notify::new(),
+            limits,
+        }
+    }
+
+    /// Copies go to `controller` from now on; `None` turns the tap off and
+    /// drops what is queued.
+    pub(crate) fn set_controller(&self, controller: Option<NodeId>) {
+        let mut q = lock(&self.queue);
+        if q.controller != controller {
+            q.items.clear();
+            q.bytes = 0;
+            q.base = self.seq.load(Ordering::Relaxed);
+        }
+        q.controller = controller;
+        self.on.store(controller.is_some(), Ordering::Release);
+    }
+
+    /// The last sequence number given out (0: none yet).
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
+    /// Takes a copy of `frame`, sent to or received from `peer`.
+    pub(crate) fn record(&self, way: Way, peer: &NodeId, frame: &Bytes) {
+        if !self.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut q = lock(&self.queue);
+        let Some(controller) = q.controller else {
+            return;
+        };
+        // The control plane's own traffic is not copied back to it (and
+        // the copies themselves are sent to it).
+        if *peer == controller {
+            return;
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        if q.items.len() >= self.limits.max_len || q.bytes + frame.len() > self.limits.max_bytes {
+            // Dropped: `seq` is used, so the next delivered copy shows it.
+            return;
+        }
+        q.bytes += frame.len();
+        q.items.push_back(Tapped {
+            seq,
+            way,
+            peer: *peer,
+            at_ms: unix_ms(),
+            frame: frame.clone(),
+        });
+        drop(q);
+        self.ready.notify_one();
+    }
+
+    /// The oldest waiting copy, the control plane it is for, and the
+    /// sequence number that control plane's copies count from.
+    pub(crate) fn pop(&self) -> Option<(NodeId, u64, Tapped)> {
+        let mut q = lock(&self.queue);
+        let controller = q.controller?;
+        let item = q.items.pop_front()?;
+        q.bytes -= item.frame.len();
+        Some((controller, q.base, item))
+    }
+
+    /// Waits until something may have been queued.
+    pub(crate) async fn ready(&self) {
+        self.ready.notified().await;
+    }
+
+    /// Copies waiting.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        lock(&self.queue).items.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tap(max_len: usize) -> Tap {
+        Tap::new(TapLimits {
+            max_len,
+            max_bytes: 1 << 20,
+        })
+    }
+
+    #[test]
+    fn off_until_a_controller_is_set_and_never_copies_its_traffic() {
+        let t = tap(8);
+        let (cp, other) = (NodeId::from_bytes([1; 32]), NodeId::from_bytes([2; 32]));
+        let frame = Bytes::from_static(b"x");
+        t.record(Way::In, &other, &frame);
+        assert_eq!((t.queued(), t.last_seq()), (0, 0));
+        t.set_controller(Some(cp));
+        t.record(Way::In, &cp, &frame);
+        t.record(Way::Out, &other, &frame);
+        assert_eq!((t.queued(), t.last_seq()), (1, 1));
+        let (to, base, item) = t.pop().unwrap();
+        assert_eq!(
+            (to, base, item.seq, item.way, item.peer),
+            (cp, 0, 1, Way::Out, other)
+        );
+    }
+
+    #[test]
+    fn a_full_queue_drops_but_uses_the_sequence_number() {
+        let t = tap(2);
+        let (cp, other) = (NodeId::from_bytes([1; 32]), NodeId::from_bytes([2; 32]));
+        t.set_controller(Some(cp));
+        let frame = Bytes::from_static(b"x");
+        for _ in 0..5 {
+            t.record(Way::In, &other, &frame);
+        }
+        assert_eq!(t.queued(), 2);
+        assert_eq!(t.pop().unwrap().2.seq, 1);
+        assert_eq!(t.pop().unwrap().2.seq, 2);
+        t.record(Way::In, &other, &frame);
+        // Seqs 3 to 5 were dropped: the next copy is 6.
+        assert_eq!(t.pop().unwrap().2.seq, 6);
+        t.set_controller(None);
+        t.record(Way::In, &other, &frame);
+        assert!(t.pop().is_none());
+    }
+}
