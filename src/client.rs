@@ -178,6 +178,41 @@ impl Peer {
             .map_err(|e| CallError::BadResult(e.to_string()))
     }
 
+    /// Like [`Peer::request_within`], with a req_id of the caller's
+    /// choosing: for control planes that retry a state-changing request
+    /// after their own restart (or the peer's) and must be answered the
+    /// remembered result rather than have it applied twice. The peer keys
+    /// its answers on (this node, req_id): keep ids unique per verb.
+    ///
+    /// # Errors
+    /// As [`Peer::request`]; [`CallError::ReqIdInUse`] when a call with
+    /// this id is still waiting on the session; [`CallError::Encode`] for
+    /// an empty id (that would be a notification).
+    ///
+    /// # Cancel safety
+    /// As [`Peer::request`].
+    pub async fn request_with_id<V: RequestVerb>(
+        &self,
+        _verb: V,
+        args: V::Args,
+        req_id: &ReqId,
+        deadline: Duration,
+    ) -> Result<V::Output, CallError> {
+        if req_id.is_fire_and_forget() {
+            return Err(CallError::Encode(
+                "a request needs a non-empty req_id".into(),
+            ));
+        }
+        let result = self
+            .call_as(Some(req_id.clone()), deadline, |req_id, budget| {
+                codec::control_of(V::CAP, V::VERB, req_id, Some(budget), &args)
+            })
+            .await?;
+        result
+            .decode::<V::Output>()
+            .map_err(|e| CallError::BadResult(e.to_string()))
+    }
+
     /// Sends notification `V`: fire-and-forget, no answer is ever sent or
     /// awaited. Returns once the envelope is queued on the session (waiting,
     /// within the default deadline, while the session's send queue is full).
@@ -250,9 +285,19 @@ impl Peer {
         deadline: Duration,
         encode: impl FnOnce(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<RawValue, CallError> {
+        self.call_as(None, deadline, encode).await
+    }
+
+    /// A request with `req_id` (a fresh one when `None`).
+    async fn call_as(
+        &self,
+        req_id: Option<ReqId>,
+        deadline: Duration,
+        encode: impl FnOnce(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+    ) -> Result<RawValue, CallError> {
         let deadline_at = deadline_after(deadline);
         let session = self.session(deadline_at).await?;
-        let req_id = self.peers.next_req_id();
+        let req_id = req_id.unwrap_or_else(|| self.peers.next_req_id());
         // The budget is what is left of the deadline after waiting for the
         // session.
         let left = deadline_at.saturating_duration_since(Instant::now());

@@ -18,6 +18,7 @@
 //! other node's.
 
 pub(crate) mod in_process;
+pub(crate) mod process;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,6 +31,7 @@ use crate::invite::Invite;
 use crate::net::peers::Contact;
 
 pub use in_process::{ChildFactory, InProcessHost};
+pub use process::ProcessHost;
 
 /// A boxed future, as host methods return them (so that `dyn Host` works).
 pub type HostFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, HostError>> + Send + 'a>>;

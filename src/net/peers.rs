@@ -278,6 +278,19 @@ impl Peers {
         id: &NodeId,
         deadline: Instant,
     ) -> Option<Arc<Session>> {
+        self.wait_for(id, deadline, false).await
+    }
+
+    /// Waits until a session with `id` is up (whoever dials), or `deadline`.
+    pub(crate) async fn wait_any_session(
+        &self,
+        id: &NodeId,
+        deadline: Instant,
+    ) -> Option<Arc<Session>> {
+        self.wait_for(id, deadline, true).await
+    }
+
+    async fn wait_for(&self, id: &NodeId, deadline: Instant, any: bool) -> Option<Arc<Session>> {
         if let Some(s) = self.session(id) {
             return Some(s);
         }
@@ -286,7 +299,7 @@ impl Peers {
             if let Some(s) = self.session(id) {
                 return Some(s);
             }
-            if !self.is_contact(id) || self.stopping.is_cancelled() {
+            if (!any && !self.is_contact(id)) || self.stopping.is_cancelled() {
                 return None;
             }
             if tokio::time::timeout_at(deadline, changes.changed())

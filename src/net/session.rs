@@ -371,6 +371,7 @@ impl Session {
                 Refused::TooManyCalls => return Err(CallError::Overloaded),
                 Refused::TooLarge => return Err(CallError::TooLarge),
                 Refused::Closed => return Err(CallError::PeerLost),
+                Refused::InUse => return Err(CallError::ReqIdInUse),
             }
             self.wait_for_room(parts.1.len(), deadline).await?;
         }
@@ -432,7 +433,7 @@ impl Session {
             };
             match refused {
                 Refused::Full(back) => frame = back,
-                Refused::TooManyCalls => return Err(CallError::Overloaded),
+                Refused::TooManyCalls | Refused::InUse => return Err(CallError::Overloaded),
                 Refused::TooLarge => return Err(CallError::TooLarge),
                 Refused::Closed => return Err(CallError::PeerLost),
             }

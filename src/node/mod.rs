@@ -392,7 +392,8 @@ impl Node {
         self.rt.handle.peer(id)
     }
 
-    /// Waits until a session with `id` is up, or `timeout` passes.
+    /// Waits until a session with `id` is up (dialled by either side), or
+    /// `timeout` passes.
     ///
     /// # Errors
     /// [`NodeError::Timeout`] when no session came up in time.
@@ -400,7 +401,7 @@ impl Node {
         let id = canonical_node_id(&id);
         self.rt
             .peers
-            .wait_session(&id, deadline_after(timeout))
+            .wait_any_session(&id, deadline_after(timeout))
             .await
             .map(|_| self.peer(id))
             .ok_or(NodeError::Timeout)

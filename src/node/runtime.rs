@@ -125,6 +125,8 @@ pub(crate) struct Runtime {
     pub(crate) tracker: TaskTracker,
     /// Answers found expired when the store was read, to delete.
     pub(crate) expired_answers: Mutex<Vec<crate::store::AnswerKey>>,
+    /// The contacts the store held when the node started, to dial.
+    pub(crate) durable_contacts: Mutex<Vec<Contact>>,
     /// Stops the node's own background tasks (expiry, sweeping).
     pub(crate) stop_background: CancellationToken,
     pub(crate) stop_handlers: CancellationToken,
@@ -248,6 +250,17 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             Arc::new(h)
         }
     };
+    let durable_contacts: Vec<Contact> = loaded
+        .contacts
+        .iter()
+        .filter_map(|c| {
+            Some(Contact {
+                name: c.name.clone(),
+                id: c.id,
+                addr: c.addr.parse().ok()?,
+            })
+        })
+        .collect();
     let (core, expired_answers) = CoreState::new(
         id,
         store,
@@ -340,6 +353,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         handle,
         tracker,
         expired_answers: Mutex::new(expired_answers),
+        durable_contacts: Mutex::new(durable_contacts),
         stop_background: CancellationToken::new(),
         stop_handlers,
         local_addrs: Mutex::new(Vec::new()),
@@ -381,23 +395,12 @@ impl Runtime {
                 }
             });
         }
-        let contacts: Vec<Contact> = self
-            .core
-            .durable
-            .try_lock()
-            .map(|d| {
-                d.contacts
-                    .values()
-                    .filter_map(|c| {
-                        Some(Contact {
-                            name: c.name.clone(),
-                            id: c.id,
-                            addr: c.addr.parse().ok()?,
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let contacts = std::mem::take(
+            &mut *self
+                .durable_contacts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         for c in contacts {
             self.start_contact(c);
         }

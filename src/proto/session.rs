@@ -176,6 +176,8 @@ pub(crate) enum Refused<W> {
     TooLarge,
     /// The session is closing or has ended.
     Closed,
+    /// A call with this req_id is already waiting for its answer.
+    InUse,
 }
 
 #[derive(Debug)]
@@ -517,6 +519,9 @@ impl<W, J: Work> SessionCore<W, J> {
         }
         if frame.len() > self.max_frame() {
             return Err(Refused::TooLarge);
+        }
+        if self.calls.contains_key(&req_id) {
+            return Err(Refused::InUse);
         }
         if self.queued_bytes + frame.len() > self.limits.max_queued_bytes && self.queued_bytes > 0 {
             return Err(Refused::Full((req_id, frame, waiter)));

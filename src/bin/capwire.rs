@@ -1,5 +1,0 @@
-//! The `capwire` command-line tool.
-
-fn main() {
-    println!("capwire {}", env!("CARGO_PKG_VERSION"));
-}

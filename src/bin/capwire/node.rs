@@ -1,0 +1,249 @@
+//! `capwire node`: runs a node.
+//!
+//! Prints what a peer needs to reach it: its id, where it listens and,
+//! with `--invite`, an invite a control plane can bind it with. With
+//! `--supervised` it speaks the process host's pipe protocol instead (one
+//! JSON object a line on stdout, requests on stdin) and stops when its
+//! stdin closes.
+
+use std::path::PathBuf;
+
+use capwire::host::{InProcessHost, ProcessHost};
+use capwire::{Addr, Contact, Invite, Node, NodeId};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::Failure;
+use crate::agent::{self, AgentName};
+
+/// Who runs the node's children (`core.cluster`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum HostKind {
+    /// Each child a node inside this process.
+    InProcess,
+    /// Each child a `capwire node` process (needs `--state`).
+    Process,
+}
+
+/// Arguments of `capwire node`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct NodeArgs {
+    /// Keep the node's state (identity, contacts, binding, configuration,
+    /// roster) in this directory; without it, nothing survives the process.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+    /// Listen here (`tcp://HOST:PORT`, `HOST:PORT` or `unix:PATH`); may be
+    /// repeated. Default: tcp://127.0.0.1:0 (a free port).
+    #[arg(long, value_name = "ADDR")]
+    listen: Vec<Addr>,
+    /// The node's name (also how its `app.agent/echo` signs answers).
+    #[arg(long, default_value = "capwire-node")]
+    name: String,
+    /// The application id in the node's manifest.
+    #[arg(long, default_value = "capwire.node")]
+    app: String,
+    /// Open a bind and print the invite for a control plane.
+    #[arg(long)]
+    invite: bool,
+    /// With --invite: only this control plane (its key, 64 hex digits) may bind.
+    #[arg(long, value_name = "KEY", requires = "invite")]
+    expect: Option<NodeId>,
+    /// Who runs the node's children.
+    #[arg(long, value_enum, default_value = "in-process")]
+    host: HostKind,
+    /// Print the startup lines as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Run as a child of a process host: JSON lines on stdout, requests on
+    /// stdin, stop when stdin closes.
+    #[arg(long)]
+    supervised: bool,
+}
+
+fn agent_builder(app: &str, name: &str) -> capwire::NodeBuilder {
+    Node::builder(app)
+        .name(name)
+        .capability(agent::capability())
+        .state(AgentName(name.to_owned()))
+}
+
+fn print(v: &Value) {
+    println!("{v}");
+}
+
+pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
+    let mut builder = agent_builder(&args.app, &args.name);
+    if let Some(dir) = &args.state {
+        builder = builder.state_dir(dir.clone());
+    }
+    let listen = if args.listen.is_empty() {
+        vec![Addr::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))]
+    } else {
+        args.listen.clone()
+    };
+    for a in listen {
+        builder = builder.listen(a);
+    }
+    let children = args.state.as_ref().map(|d| d.join("children"));
+    builder = match (args.host, children) {
+        (HostKind::Process, Some(base)) => {
+            let program = std::env::current_exe()
+                .map_err(|e| Failure::failed(format!("cannot find this program: {e}")))?;
+            builder.host(ProcessHost::new(program, base))
+        }
+        (HostKind::Process, None) => {
+            return Err(Failure::usage("--host process needs --state DIR"));
+        }
+        (HostKind::InProcess, base) => {
+            let app = args.app.clone();
+            let mut host =
+                InProcessHost::new().with_factory(move |spec| agent_builder(&app, &spec.name));
+            if let Some(base) = base {
+                host = host.state_dir(base);
+            }
+            builder.host(host)
+        }
+    };
+    let node = builder
+        .start()
+        .await
+        .map_err(|e| Failure::failed(format!("the node did not start: {e}")))?;
+    let invite = if args.invite {
+        Some(
+            node.invite(args.expect)
+                .map_err(|e| Failure::failed(format!("no invite: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let addrs: Vec<String> = node.local_addrs().iter().map(ToString::to_string).collect();
+    if args.supervised {
+        let caps: Vec<String> = node
+            .manifest()
+            .capabilities
+            .iter()
+            .map(|c| format!("{}@{}", c.id, c.version))
+            .collect();
+        print(
+            &json!({"event": "ready", "node_id": node.id().to_string(), "addrs": addrs, "caps": caps}),
+        );
+        supervised(&node).await;
+    } else {
+        if args.json {
+            print(&json!({
+                "node_id": node.id().to_string(),
+                "addrs": addrs,
+                "invite": invite.as_ref().map(ToString::to_string),
+            }));
+        } else {
+            println!("node      {}", node.id());
+            for a in &addrs {
+                println!("listening {a}");
+            }
+            if let Some(i) = &invite {
+                println!("invite    {i}");
+            }
+        }
+        wait_for_signal().await;
+    }
+    node.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Serves the parent's requests until stdin closes; reports monitoring
+/// changes.
+async fn supervised(node: &Node) {
+    let mut watch = node.watch_manifest();
+    let mut last = watch.current().monitoring;
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => {
+                    if let Some(reply) = request(node, &line).await {
+                        print(&reply);
+                    }
+                }
+                // The parent is gone (or closed our input): stop.
+                Ok(None) | Err(_) => return,
+            },
+            changed = watch.changed() => match changed {
+                Some(m) if m.monitoring != last => {
+                    last = m.monitoring;
+                    print(&json!({"event": "monitoring", "status": m.monitoring}));
+                }
+                Some(_) => {}
+                None => return,
+            },
+        }
+    }
+}
+
+async fn request(node: &Node, line: &str) -> Option<Value> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    let id = v["id"].as_u64()?;
+    let result: Result<Value, String> = match v["op"].as_str() {
+        Some("open_bind") => match v["controller"].as_str().map(NodeId::try_from) {
+            Some(Ok(cp)) => node
+                .invite(Some(cp))
+                .map(|i: Invite| json!({"invite": i.to_string()}))
+                .map_err(|e| e.to_string()),
+            _ => Err("open_bind needs a controller key".into()),
+        },
+        Some("close_bind") => {
+            node.cancel_invite();
+            node.unbind()
+                .await
+                .map(|_| json!({}))
+                .map_err(|e| e.to_string())
+        }
+        Some("add_contact") => {
+            let contact = (|| {
+                Some(Contact {
+                    name: v["name"].as_str()?.to_owned(),
+                    id: NodeId::try_from(v["node_id"].as_str()?).ok()?,
+                    addr: v["addr"].as_str()?.parse().ok()?,
+                })
+            })();
+            match contact {
+                Some(c) => node
+                    .add_contact(c)
+                    .await
+                    .map(|_| json!({}))
+                    .map_err(|e| e.to_string()),
+                None => Err("add_contact needs name, node_id and addr".into()),
+            }
+        }
+        _ => Err("unknown op".into()),
+    };
+    Some(match result {
+        Ok(mut extra) => {
+            extra["reply"] = json!(id);
+            extra["ok"] = json!(true);
+            extra
+        }
+        Err(e) => json!({"reply": id, "ok": false, "error": e}),
+    })
+}
