@@ -105,7 +105,8 @@ pub struct Limits {
     /// Bytes of monitoring copies waiting to be sent. Default 4 MiB.
     pub copy_queue_bytes: usize,
     /// Args larger than this are left out of a monitoring copy (it says
-    /// `truncated` and the length). Default 64 KiB.
+    /// `truncated` and the length). Default 32 KiB, so that a copy always
+    /// fits the smallest record a control plane may accept (64 KiB).
     pub copy_body_max: usize,
 }
 
@@ -139,7 +140,7 @@ impl Default for Limits {
             host_timeout: Duration::from_secs(30),
             copy_queue_len: 1024,
             copy_queue_bytes: 4 << 20,
-            copy_body_max: 64 << 10,
+            copy_body_max: 32 << 10,
         }
     }
 }

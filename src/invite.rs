@@ -26,7 +26,8 @@ pub const MAX_INVITE_LEN: usize = 4096;
 /// ```
 ///
 /// `NODE_ID` is the 64 hex digits of the key; each `ADDR` is `HOST:PORT`
-/// (an IPv6 host in brackets) or `unix:PATH` with the path's bytes outside
+/// (an IPv6 host in brackets; `tcp://HOST:PORT` is read too) or
+/// `unix:PATH` with the path's bytes outside
 /// `A-Z a-z 0-9 - . _ ~ /` percent-encoded; `CODE` is the 10-character bind
 /// code.
 ///
@@ -169,7 +170,8 @@ fn parse_addr(text: &str) -> Result<Addr, InviteParseError> {
     if let Some(path) = text.strip_prefix("unix:") {
         return parse_unix(path).map(Addr::Unix).ok_or_else(bad);
     }
-    text.parse::<SocketAddr>().map(Addr::Tcp).map_err(|_| bad())
+    let host = text.strip_prefix("tcp://").unwrap_or(text);
+    host.parse::<SocketAddr>().map(Addr::Tcp).map_err(|_| bad())
 }
 
 impl FromStr for Invite {

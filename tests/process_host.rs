@@ -87,9 +87,16 @@ async fn children_are_supervised_processes() {
         .await
         .unwrap();
     assert_eq!(child.status, ChildStatus::Running);
-    assert!(child.caps.iter().any(|c| c.starts_with("app.agent@")), "{:?}", child.caps);
+    assert!(
+        child.caps.iter().any(|c| c.starts_with("app.agent@")),
+        "{:?}",
+        child.caps
+    );
     let child_dir = base.join(&child.cid);
-    assert!(child_dir.join("state.redb").exists(), "the child keeps its state");
+    assert!(
+        child_dir.join("state.redb").exists(),
+        "the child keeps its state"
+    );
     let pids = pids_with(&child_dir.to_string_lossy());
     assert_eq!(pids.len(), 1, "one process for the child");
 
@@ -106,7 +113,12 @@ async fn children_are_supervised_processes() {
         .unwrap();
     assert_eq!(m.monitoring, MonitoringStatus::Pending);
     let contact = peer
-        .request(ClusterContact, ChildArgs { cid: child.cid.clone() })
+        .request(
+            ClusterContact,
+            ChildArgs {
+                cid: child.cid.clone(),
+            },
+        )
         .await
         .unwrap();
     let invite: Invite = contact.invite.parse().unwrap();
@@ -146,9 +158,14 @@ async fn children_are_supervised_processes() {
     assert!(saw_exit, "a roster push showed the exit");
 
     // Removing it deletes its state.
-    peer.request(ClusterRemove, ChildArgs { cid: child.cid.clone() })
-        .await
-        .unwrap();
+    peer.request(
+        ClusterRemove,
+        ChildArgs {
+            cid: child.cid.clone(),
+        },
+    )
+    .await
+    .unwrap();
     assert!(member(&peer, &child.cid).await.is_none());
     assert!(!child_dir.exists());
     parent.shutdown().await;
@@ -176,9 +193,14 @@ async fn removing_a_child_and_stopping_the_parent_end_the_processes() {
     }
     let needle = base.to_string_lossy().to_string();
     assert_eq!(pids_with(&needle).len(), 2);
-    peer.request(ClusterRemove, ChildArgs { cid: cids[0].clone() })
-        .await
-        .unwrap();
+    peer.request(
+        ClusterRemove,
+        ChildArgs {
+            cid: cids[0].clone(),
+        },
+    )
+    .await
+    .unwrap();
     eventually("the removed child's process is gone", async || {
         pids_with(&needle).len() == 1
     })

@@ -45,10 +45,7 @@ async fn identity_binding_and_configuration_survive_a_restart() {
     assert_eq!(node.controller(), Some(cp.id()));
     assert_eq!(node.config().version, 1);
     assert_eq!(node.config().value.decode::<String>().unwrap(), "kept");
-    let peer = cp
-        .connect(&node.local_addrs()[0], Some(id))
-        .await
-        .unwrap();
+    let peer = cp.connect(&node.local_addrs()[0], Some(id)).await.unwrap();
     let got = peer.request(GetConfig, NoArgs {}).await.unwrap();
     assert_eq!(got.version, 1);
     // The binding epoch kept counting: an unbind now is a new epoch, and
@@ -135,7 +132,11 @@ async fn another_key_for_an_existing_directory_is_refused() {
         matches!(err, NodeError::Store(StoreError::Identity { .. })),
         "{err}"
     );
-    assert_eq!(start(&state).await.unwrap().id(), id, "the identity is untouched");
+    assert_eq!(
+        start(&state).await.unwrap().id(),
+        id,
+        "the identity is untouched"
+    );
 }
 
 #[cfg(unix)]
@@ -171,7 +172,10 @@ async fn a_second_process_on_the_same_directory_is_refused() {
     assert!(stderr.contains("in use"), "{stderr}");
     // A node in this process: the typed error.
     let err = start(&state).await.unwrap_err();
-    assert!(matches!(err, NodeError::Store(StoreError::Locked(_))), "{err}");
+    assert!(
+        matches!(err, NodeError::Store(StoreError::Locked(_))),
+        "{err}"
+    );
 
     first.kill().unwrap();
     first.wait().unwrap();

@@ -488,6 +488,22 @@ display_as_str!(ReqId);
 
 /// On the wire a node id is a CBOR byte string of 32 bytes; in
 /// human-readable formats (JSON) it is its canonical hex text.
+/// The JSON form of a node id (what the command-line tool reads and a
+/// manifest's schemas describe): its 64 lowercase hex digits.
+impl schemars::JsonSchema for NodeId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "NodeId".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^[0-9a-f]{64}$",
+            "description": "a node id: 64 lowercase hex digits"
+        })
+    }
+}
+
 impl Serialize for NodeId {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if s.is_human_readable() {

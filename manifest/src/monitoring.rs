@@ -53,7 +53,8 @@ pub struct BindReply {
     #[schemars(with = "serde_json::Value")]
     pub members: RawValue,
     /// The node's configuration, as `core.configuration/get_config`
-    /// returns it (opaque; `null` when unset).
+    /// returns it: `{"value": ..., "version": n}` (`{"value": null,
+    /// "version": 0}` when never set).
     #[schemars(with = "serde_json::Value")]
     pub config: RawValue,
     /// The roster version the members belong to.

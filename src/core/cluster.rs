@@ -294,6 +294,11 @@ impl CoreState {
             );
             return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
         }
+        if args.enabled && m.monitoring == monitoring_str(MonitoringStatus::On) {
+            // Already watched: nothing to open.
+            let result = Ok(view(&m));
+            return self.answer_only(&mut d, &key, result).await;
+        }
         if status_of(&m) != ChildStatus::Running {
             return Err(HandlerError::new(
                 ErrorCode::Unavailable,
@@ -653,6 +658,9 @@ macro_rules! route {
     ($verb:ty, ($($e:ty),+), $f:expr) => {
         Arc::new(RouteEntry::new(Typed::<$verb, ($($e,)+), _>::new($f))) as RouteHandler
     };
+    (durable $verb:ty, ($($e:ty),+), $f:expr) => {
+        Arc::new(RouteEntry::durable(Typed::<$verb, ($($e,)+), _>::new($f))) as RouteHandler
+    };
 }
 
 pub(crate) fn capability() -> capwire_manifest::Capability<RouteHandler> {
@@ -661,16 +669,16 @@ pub(crate) fn capability() -> capwire_manifest::Capability<RouteHandler> {
         capwire_manifest::Version::new(1, 0, 0),
     )
     .verb::<ClusterList>(route!(ClusterList, (Core), list))
-    .verb::<ClusterCreate>(route!(ClusterCreate, (Sender, Meta, Core), create))
-    .verb::<ClusterRemove>(route!(ClusterRemove, (Sender, Meta, Core), remove))
-    .verb::<ClusterSetBio>(route!(ClusterSetBio, (Sender, Meta, Core), set_bio))
-    .verb::<ClusterSetPersona>(route!(ClusterSetPersona, (Sender, Meta, Core), set_persona))
+    .verb::<ClusterCreate>(route!(durable ClusterCreate, (Sender, Meta, Core), create))
+    .verb::<ClusterRemove>(route!(durable ClusterRemove, (Sender, Meta, Core), remove))
+    .verb::<ClusterSetBio>(route!(durable ClusterSetBio, (Sender, Meta, Core), set_bio))
+    .verb::<ClusterSetPersona>(route!(durable ClusterSetPersona, (Sender, Meta, Core), set_persona))
     .verb::<ClusterSetMonitoring>(route!(
-        ClusterSetMonitoring,
+        durable ClusterSetMonitoring,
         (Sender, Meta, Core),
         set_monitoring
     ))
     .verb::<ClusterContact>(route!(ClusterContact, (Core), contact))
-    .verb::<ClusterIntroduce>(route!(ClusterIntroduce, (Sender, Meta, Core), introduce))
+    .verb::<ClusterIntroduce>(route!(durable ClusterIntroduce, (Sender, Meta, Core), introduce))
     .verb::<ClusterRoster>(route!(ClusterRoster, (Sender, Core), roster))
 }

@@ -111,7 +111,7 @@ pub(crate) fn capability() -> capwire_manifest::Capability<RouteHandler> {
     .verb::<GetConfig>(Arc::new(RouteEntry::new(
         Typed::<GetConfig, (Core,), _>::new(get_config),
     )))
-    .verb::<SetConfig>(Arc::new(RouteEntry::new(Typed::<
+    .verb::<SetConfig>(Arc::new(RouteEntry::durable(Typed::<
         SetConfig,
         (Sender, Meta, Core),
         _,

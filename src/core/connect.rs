@@ -81,7 +81,7 @@ pub(crate) fn capability() -> capwire_manifest::Capability<RouteHandler> {
         capwire_manifest::CORE_CONNECT,
         capwire_manifest::Version::new(1, 0, 0),
     )
-    .verb::<ConnectIntroduce>(Arc::new(RouteEntry::new(Typed::<
+    .verb::<ConnectIntroduce>(Arc::new(RouteEntry::durable(Typed::<
         ConnectIntroduce,
         (Sender, Meta, Core),
         _,

@@ -111,6 +111,10 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
 pub(crate) struct RouteEntry {
     handler: Box<dyn ErasedHandler>,
     index: OnceLock<u32>,
+    /// The handler remembers its own answers durably (and finishes its
+    /// change even when the caller stops waiting): an answer the runtime
+    /// made for it (`timeout`, `cancelled`) is not kept for replay.
+    durable: bool,
 }
 
 impl RouteEntry {
@@ -118,7 +122,20 @@ impl RouteEntry {
         Self {
             handler: Box::new(handler),
             index: OnceLock::new(),
+            durable: false,
         }
+    }
+
+    /// A route whose handler keeps exactly-once answers of its own.
+    pub(crate) fn durable(handler: impl ErasedHandler) -> Self {
+        Self {
+            durable: true,
+            ..Self::new(handler)
+        }
+    }
+
+    pub(crate) fn is_durable(&self) -> bool {
+        self.durable
     }
 
     pub(crate) fn handler(&self) -> &dyn ErasedHandler {

@@ -77,6 +77,10 @@ impl Work for Job {
     fn weight(&self) -> usize {
         self.args.as_bytes().len() + 64
     }
+
+    fn durable(&self) -> bool {
+        self.permit.handler().is_durable()
+    }
 }
 
 impl std::fmt::Debug for Job {

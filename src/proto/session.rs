@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use capwire_envelope::{
-    CloseCode, ErrorBody, FrameRef, Limits as WireLimits, NodeId, PROTOCOL_VERSION, RawValue,
-    ReqId, decode_frame,
+    CloseCode, ErrorBody, ErrorCode, FrameRef, Limits as WireLimits, NodeId, PROTOCOL_VERSION,
+    RawValue, ReqId, decode_frame,
 };
 use capwire_manifest::Manifest;
 
@@ -57,6 +57,12 @@ pub(crate) trait Work {
     fn answer_epoch(&self) -> Option<u64>;
     /// Bytes it holds while it waits for a slot.
     fn weight(&self) -> usize;
+    /// Its handler keeps durable answers of its own: a `timeout` or
+    /// `cancelled` answer is not kept in the replay ledger (a retry then
+    /// reaches the handler, which answers what really happened).
+    fn durable(&self) -> bool {
+        false
+    }
 }
 
 /// The decision the session core asks for each control envelope: the
@@ -118,6 +124,7 @@ pub(crate) struct Ticket {
     req_id: ReqId,
     route: u32,
     epoch: Option<u64>,
+    durable: bool,
 }
 
 impl Ticket {
@@ -783,6 +790,7 @@ impl<W, J: Work> SessionCore<W, J> {
             req_id: job.req_id().clone(),
             route: job.route(),
             epoch: job.answer_epoch(),
+            durable: job.durable(),
         };
         if ticket.is_request() {
             self.running.insert(ticket.req_id.clone(), ticket.id);
@@ -820,16 +828,29 @@ impl<W, J: Work> SessionCore<W, J> {
     ) {
         if ticket.is_request() {
             let frame = codec::response(&ticket.req_id, result, self.max_frame());
-            self.ledger
+            let unfinished = matches!(
+                result,
+                Err(ErrorBody {
+                    code: ErrorCode::Timeout | ErrorCode::Cancelled,
+                    ..
+                })
+            );
+            let mut ledger = self
+                .ledger
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .complete(
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if ticket.durable && unfinished {
+                ledger.abandon(&ticket.req_id);
+            } else {
+                ledger.complete(
                     &ticket.req_id,
                     ticket.route,
                     ticket.epoch,
                     frame.clone(),
                     now,
                 );
+            }
+            drop(ledger);
             if self.running.get(&ticket.req_id) == Some(&ticket.id) {
                 self.running.remove(&ticket.req_id);
             }
