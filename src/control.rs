@@ -162,9 +162,9 @@ impl Control {
         previous
     }
 
-    /// Runs until `stop`: clears a pending bind when it expires, so the
-    /// manifest says `off` (with a new epoch) without waiting for someone
-    /// to try the code.
+    /// Runs until `stop`: when a pending bind expires, the manifest says
+    /// `off` (with a new epoch) at once, without waiting for someone to
+    /// try the code.
     pub(crate) async fn expire_pending(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
         loop {
             let now = tokio::time::Instant::now();
@@ -179,15 +179,10 @@ impl Control {
                 () = stop.cancelled() => return,
                 () = self.pending_changed.notified() => {}
                 () = wake => {
-                    let now = tokio::time::Instant::now().into_std();
-                    if self.binding.pending(now).is_none() {
-                        self.binding.with(|state| {
-                            if state.pending(now).is_none() {
-                                state.cancel_pending();
-                            }
-                        });
-                    }
-                    self.refresh(now);
+                    // The manifest says `off` from now on; the expired bind
+                    // itself stays until a bind attempt is answered
+                    // `expired` (and clears it) or a new bind replaces it.
+                    self.refresh(tokio::time::Instant::now().into_std());
                 }
             }
         }

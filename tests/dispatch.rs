@@ -615,3 +615,20 @@ async fn a_controller_request_queued_behind_an_unbind_is_unauthorized() {
     assert_eq!(Counters::get(&counters.admin), 1);
     assert_eq!(server.controller(), None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_bind_after_the_code_expired_is_refused_expired_then_no_pending() {
+    let (server, _counters) = common::echo_node_unlistening(Limits::default()).await;
+    let control = client_node().await;
+    let cp = common::connect_memory(&control, &server).await;
+    let invite = server.invite(None).unwrap();
+    let code = invite.code.clone().unwrap();
+    // Past the 300 s, in steps the session's keepalives keep up with.
+    for _ in 0..31 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    assert_eq!(server.manifest().monitoring, MonitoringStatus::Off);
+    assert_eq!(bind_failure(bind(&cp, &code).await), BindFailure::Expired);
+    assert_eq!(bind_failure(bind(&cp, &code).await), BindFailure::NoPending);
+    assert_eq!(server.controller(), None);
+}
