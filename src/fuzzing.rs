@@ -103,6 +103,7 @@ fn dispatcher_bound(controller: Option<NodeId>) -> Dispatcher {
         Arc::new(crate::tap::Tap::new(crate::tap::TapLimits {
             max_len: 16,
             max_bytes: 1 << 16,
+            body_max: 1 << 10,
         })),
     );
     made.expect("the test dispatcher builds")

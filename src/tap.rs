@@ -31,8 +31,11 @@ pub(crate) struct Tapped {
     pub(crate) way: Way,
     pub(crate) peer: NodeId,
     pub(crate) at_ms: u64,
-    /// The whole control frame.
+    /// The control frame; for a frame whose args were over the body limit,
+    /// a copy of it with `null` args (then `body_len` says how long they were).
     pub(crate) frame: Bytes,
+    /// The args' length when they were left out.
+    pub(crate) cut: Option<u64>,
 }
 
 /// Bounds of the tap's queue.
@@ -40,6 +43,8 @@ pub(crate) struct Tapped {
 pub(crate) struct TapLimits {
     pub(crate) max_len: usize,
     pub(crate) max_bytes: usize,
+    /// Args longer than this are left out of the copy.
+    pub(crate) body_max: usize,
 }
 
 #[derive(Debug, Default)]
@@ -69,6 +74,23 @@ pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `frame` (a control frame) with `null` args and the args' length, when
+/// its args are longer than `body_max`; `Some(None)` when they are not;
+/// `None` for a frame that is not a control envelope.
+#[allow(clippy::option_option)]
+fn without_args(frame: &Bytes, body_max: usize) -> Option<Option<(Bytes, u64)>> {
+    let capwire_envelope::FrameRef::Control(c) = capwire_envelope::decode_frame(frame).ok()? else {
+        return None;
+    };
+    if c.args.len() <= body_max {
+        return Some(None);
+    }
+    let mut out = Vec::with_capacity(64 + c.cap.len() + c.verb.len());
+    capwire_envelope::encode_control(&mut out, c.cap, c.verb, &c.req_id, c.budget_ms, &[0xf6])
+        .ok()?;
+    Some(Some((Bytes::from(out), c.args.len() as u64)))
 }
 
 impl Tap {
@@ -105,6 +127,17 @@ impl Tap {
         if !self.on.load(Ordering::Relaxed) {
             return;
         }
+        // A large frame is not kept: a small one in its place says what it
+        // was (its args are left out of the copy anyway).
+        let (frame, cut) = if frame.len() > self.limits.body_max {
+            match without_args(frame, self.limits.body_max) {
+                Some(Some((small, len))) => (small, Some(len)),
+                Some(None) => (frame.clone(), None),
+                None => return,
+            }
+        } else {
+            (frame.clone(), None)
+        };
         let mut q = lock(&self.queue);
         let Some(controller) = q.controller else {
             return;
@@ -125,7 +158,8 @@ impl Tap {
             way,
             peer: *peer,
             at_ms: unix_ms(),
-            frame: frame.clone(),
+            frame,
+            cut,
         });
         drop(q);
         self.ready.notify_one();
@@ -161,6 +195,7 @@ mod tests {
         Tap::new(TapLimits {
             max_len,
             max_bytes: 1 << 20,
+            body_max: 1 << 10,
         })
     }
 
@@ -200,5 +235,36 @@ mod tests {
         t.set_controller(None);
         t.record(Way::In, &other, &frame);
         assert!(t.pop().is_none());
+    }
+}
+
+#[cfg(test)]
+mod big_frames {
+    use super::*;
+
+    #[test]
+    fn a_frame_over_the_body_limit_is_kept_small_with_its_length() {
+        let t = Tap::new(TapLimits {
+            max_len: 4,
+            max_bytes: 4096,
+            body_max: 1024,
+        });
+        let (cp, other) = (NodeId::from_bytes([1; 32]), NodeId::from_bytes([2; 32]));
+        t.set_controller(Some(cp));
+        let args = capwire_envelope::to_vec(&"x".repeat(100_000)).unwrap();
+        let mut frame = Vec::new();
+        capwire_envelope::encode_control(
+            &mut frame,
+            "app.x",
+            "put",
+            &capwire_envelope::ReqId::try_from("r1").unwrap(),
+            None,
+            &args,
+        )
+        .unwrap();
+        t.record(Way::In, &other, &Bytes::from(frame));
+        let (_, _, item) = t.pop().expect("copied although far over the queue's bytes");
+        assert_eq!(item.cut, Some(args.len() as u64));
+        assert!(item.frame.len() < 64);
     }
 }

@@ -178,6 +178,7 @@ impl CoreState {
                     addrs: Vec::new(),
                     caps: Vec::new(),
                     origin: Some((from, key.key.req_id.clone())),
+                    watcher: None,
                 };
                 let meta = d.roster.bumped(meta);
                 self.write_roster_meta::<()>(&mut d, meta, vec![m.clone()], vec![], None)
@@ -294,8 +295,11 @@ impl CoreState {
             );
             return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
         }
-        if args.enabled && m.monitoring == monitoring_str(MonitoringStatus::On) {
-            // Already watched: nothing to open.
+        let watched_by_it = m.monitoring == monitoring_str(MonitoringStatus::On)
+            && m.watcher.is_some()
+            && m.watcher == controller;
+        if args.enabled && watched_by_it {
+            // Already watched by this control plane: nothing to open.
             let result = Ok(view(&m));
             return self.answer_only(&mut d, &key, result).await;
         }
@@ -307,6 +311,11 @@ impl CoreState {
         }
         drop(d);
         let monitoring = if let (true, Some(controller)) = (args.enabled, controller) {
+            if m.monitoring != monitoring_str(MonitoringStatus::Off) {
+                // Watched (or about to be) by another control plane: that
+                // ends first, so the child is seen to go over.
+                self.host_call(self.host.close_bind(&args.cid)).await?;
+            }
             let invite = self
                 .host_call(self.host.open_bind(&args.cid, controller))
                 .await?;
@@ -321,10 +330,8 @@ impl CoreState {
         let Some(mut m) = d.roster.get(&args.cid).cloned() else {
             return Err(HandlerError::from(not_found(&args.cid)));
         };
-        // A child its control plane already watches stays `on`.
-        if !(args.enabled && m.monitoring == monitoring_str(MonitoringStatus::On)) {
-            m.monitoring = monitoring_str(monitoring).to_owned();
-        }
+        m.monitoring = monitoring_str(monitoring).to_owned();
+        m.watcher = if args.enabled { controller } else { None };
         let result = Ok(view(&m));
         self.write_roster(&mut d, vec![m], vec![], Some((&key, &result)))
             .await?;

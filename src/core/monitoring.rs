@@ -143,7 +143,8 @@ fn copy_of(item: &Tapped, dropped: u64, body_max: usize) -> Option<CopyRecord> {
     let Ok(FrameRef::Control(c)) = decode_frame(&item.frame) else {
         return None;
     };
-    let truncated = c.args.len() > body_max;
+    let body_len = item.cut.unwrap_or(c.args.len() as u64);
+    let truncated = item.cut.is_some() || c.args.len() > body_max;
     let body = if truncated {
         RawValue::null()
     } else {
@@ -163,7 +164,7 @@ fn copy_of(item: &Tapped, dropped: u64, body_max: usize) -> Option<CopyRecord> {
         verb: c.verb.to_owned(),
         req_id: c.req_id.as_str().to_owned(),
         body,
-        body_len: c.args.len() as u64,
+        body_len,
         truncated,
     })
 }
@@ -181,6 +182,11 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
                 () = core.tap.ready() => continue,
             }
         };
+        // A copy taken for a control plane that is no longer bound is not
+        // sent to it.
+        if core.control.binding().controller() != Some(&cp) {
+            continue;
+        }
         let previous = match last {
             Some((c, seq)) if c == cp => seq.max(base),
             _ => base,

@@ -208,6 +208,7 @@ mod tests {
             addrs: vec![],
             caps: vec![],
             origin: Some((NodeId::from_bytes([1; 32]), "r".into())),
+            watcher: None,
         };
         r.apply(r.bumped(meta), std::slice::from_ref(&m), &[]);
         assert!(r.name_taken("a"));

@@ -188,6 +188,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     let tap = Arc::new(Tap::new(TapLimits {
         max_len: limits.copy_queue_len,
         max_bytes: limits.copy_queue_bytes,
+        body_max: limits.copy_body_max,
     }));
     tap.set_controller(binding.snapshot().controller().copied());
     let ledger = Ledger::new(LedgerLimits {

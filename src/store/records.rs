@@ -75,6 +75,10 @@ pub(crate) struct MemberRecord {
     /// The request that created it: (sender, req_id), so that the same
     /// request retried after a crash finds its own pending create.
     pub(crate) origin: Option<(NodeId, String)>,
+    /// The control plane the child's bind was last opened for (the one
+    /// `monitoring` is about).
+    #[serde(default)]
+    pub(crate) watcher: Option<NodeId>,
 }
 
 /// Identifies a remembered answer: (sender, req_id).

@@ -44,6 +44,7 @@ fn member(cid: &str, name: &str) -> MemberRecord {
         addrs: vec!["tcp:127.0.0.1:5000".into(), "tcp:[::1]:5000".into()],
         caps: vec!["echo@1.0.0".into()],
         origin: Some((id(1), "req-create".into())),
+        watcher: Some(id(2)),
     }
 }
 
