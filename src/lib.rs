@@ -91,7 +91,9 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;
+pub mod identity;
 mod invite;
+pub mod json;
 mod net;
 mod node;
 mod proto;

@@ -43,8 +43,8 @@ fn spawn_node(state: &Path, listen: &str, invite: bool) -> NodeProc {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    if invite {
-        cmd.arg("--invite");
+    if !invite {
+        cmd.arg("--no-invite");
     }
     let mut child = cmd.spawn().expect("capwire node starts");
     let mut line = String::new();

@@ -154,7 +154,13 @@ fn prepare_dir(path: &Path) -> Result<(), StoreError> {
 
 /// Reads `dir`'s key file; `None` when there is none.
 fn read_key_file(dir: &Path) -> Result<Option<Keypair>, StoreError> {
-    let path = dir.join(KEY_FILE);
+    read_key_at(&dir.join(KEY_FILE))
+}
+
+/// Reads the key file at `path`; `None` when there is none.
+pub(crate) fn read_key_at(path: &Path) -> Result<Option<Keypair>, StoreError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let path = path.to_path_buf();
     let corrupt = |detail: &str| StoreError::Corrupt {
         path: path.clone(),
         detail: detail.to_owned(),
@@ -239,6 +245,40 @@ fn nibble(c: u8) -> Option<u8> {
 /// Writes `keypair` as `dir`'s key file, atomically: a complete file
 /// (mode 0600, synced) is renamed into place, and the directory synced.
 fn write_key_file(dir: &Path, keypair: &Keypair) -> Result<(), StoreError> {
+    with_key_text(keypair, |text| write_atomically(dir, text))
+}
+
+/// Writes a new key file at `path` (mode 0600), never replacing a file
+/// that exists.
+pub(crate) fn create_key_at(path: &Path, keypair: &Keypair) -> Result<(), StoreError> {
+    with_key_text(keypair, |text| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| io_error(path, e))?;
+        let written = file
+            .write_all(text)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io_error(path, e));
+        drop(file);
+        if written.is_err() {
+            let _ = fs::remove_file(path);
+        }
+        written?;
+        match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(parent) => sync_dir(parent),
+            None => Ok(()),
+        }
+    })
+}
+
+/// Runs `write` on the key file text of `keypair`, then wipes the text.
+fn with_key_text(
+    keypair: &Keypair,
+    write: impl FnOnce(&[u8]) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
     let secret = keypair.secret_bytes();
     let mut text = [0u8; KEY_TEXT_LEN];
     let (header, rest) = text.split_at_mut(KEY_HEADER.len());
@@ -248,7 +288,7 @@ fn write_key_file(dir: &Path, keypair: &Keypair) -> Result<(), StoreError> {
         pair[1] = HEX[usize::from(byte & 0x0f)];
     }
     text[KEY_TEXT_LEN - 1] = b'\n';
-    let result = write_atomically(dir, &text);
+    let result = write(&text);
     text.fill(0);
     black_box(&mut text);
     result

@@ -17,9 +17,8 @@ verb! {
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AskArgs {
-    /// The node to ask.
-    #[schemars(with = "String")]
-    pub(crate) peer: NodeId,
+    /// The node to ask: its key, 64 hex digits.
+    pub(crate) peer: String,
     /// What to send its `echo`.
     pub(crate) text: String,
 }
@@ -39,7 +38,10 @@ async fn echo(text: String, State(name): State<AgentName>) -> Result<String, Han
 }
 
 async fn ask(args: AskArgs, node: NodeHandle) -> Result<String, HandlerError> {
-    node.peer(args.peer)
+    let peer = NodeId::try_from(args.peer.as_str()).map_err(|e| {
+        HandlerError::new(capwire::envelope::ErrorCode::BadArgs, format!("peer: {e}"))
+    })?;
+    node.peer(peer)
         .request(Echo, args.text)
         .await
         .map_err(|e| HandlerError::new(capwire::envelope::ErrorCode::Unavailable, e.to_string()))

@@ -1,18 +1,27 @@
-//! The `capwire` command-line tool.
-//!
-//! `capwire node` runs a node (see `capwire node --help`).
+//! The `capwire` command-line tool: make keys, run nodes, control them,
+//! and see it all at work in `capwire demo`.
 
 mod agent;
+mod ctl;
+mod demo;
+mod exit;
+mod keygen;
 mod node;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::exit::EXIT_CODES;
+
 /// capwire: capability-aware, authenticated messaging between the nodes
 /// of an agent cluster.
+///
+/// JSON on the command line, CBOR on the wire (see `capwire ctl call
+/// --help` for the mapping). Logs go to stderr; set RUST_LOG (e.g.
+/// RUST_LOG=capwire=debug) to see more.
 #[derive(Debug, Parser)]
-#[command(name = "capwire", version, about)]
+#[command(name = "capwire", version, about, after_help = EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,16 +29,34 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Runs a node until interrupted (or, supervised, until its input closes).
+    /// Makes a new node identity (an X25519 key).
+    Keygen(keygen::KeygenArgs),
+    /// Runs a node until Ctrl-C or SIGTERM (or, supervised, until its
+    /// input closes).
     Node(node::NodeArgs),
+    /// The control plane: bind nodes, call their verbs, run their
+    /// clusters, watch them.
+    Ctl(ctl::CtlArgs),
+    /// Runs a whole cluster on loopback and shows every feature end to end.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
+    let default_level = match cli.command {
+        Command::Node(_) => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CAPWIRE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -37,44 +64,24 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("capwire: cannot start the runtime: {e}");
-            return ExitCode::from(70);
+            return ExitCode::from(exit::LOCAL);
         }
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Keygen(args) => keygen::run(&args),
             Command::Node(args) => node::run(args).await,
+            Command::Ctl(args) => ctl::run(args).await,
+            Command::Demo(args) => demo::run(args).await,
         }
     });
+    // Tasks still running (a watch, a forwarding server) are not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("capwire: {}", e.message);
             ExitCode::from(e.code)
-        }
-    }
-}
-
-/// A failure of a subcommand: what to print and the exit code.
-#[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) message: String,
-    pub(crate) code: u8,
-}
-
-impl Failure {
-    /// Bad usage or input (exit code 2).
-    pub(crate) fn usage(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            code: 2,
-        }
-    }
-
-    /// The node could not start or run (exit code 1).
-    pub(crate) fn failed(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            code: 1,
         }
     }
 }

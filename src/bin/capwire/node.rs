@@ -1,7 +1,7 @@
 //! `capwire node`: runs a node.
 //!
 //! Prints what a peer needs to reach it: its id, where it listens and,
-//! with `--invite`, an invite a control plane can bind it with. With
+//! while it is unbound, an invite a control plane can bind it with. With
 //! `--supervised` it speaks the process host's pipe protocol instead (one
 //! JSON object a line on stdout, requests on stdin) and stops when its
 //! stdin closes.
@@ -13,7 +13,7 @@ use capwire::{Addr, Contact, Invite, Node, NodeId};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::Failure;
+use crate::exit::Failure;
 use crate::agent::{self, AgentName};
 
 /// Who runs the node's children (`core.cluster`).
@@ -32,6 +32,10 @@ pub(crate) struct NodeArgs {
     /// roster) in this directory; without it, nothing survives the process.
     #[arg(long, value_name = "DIR")]
     state: Option<PathBuf>,
+    /// Use the identity in this key file (from `capwire keygen --out`);
+    /// with --state, it must be the state's identity or the state new.
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
     /// Listen here (`tcp://HOST:PORT`, `HOST:PORT` or `unix:PATH`); may be
     /// repeated. Default: tcp://127.0.0.1:0 (a free port).
     #[arg(long, value_name = "ADDR")]
@@ -42,11 +46,13 @@ pub(crate) struct NodeArgs {
     /// The application id in the node's manifest.
     #[arg(long, default_value = "capwire.node")]
     app: String,
-    /// Open a bind and print the invite for a control plane.
+    /// Do not open a bind while unbound (by default an unbound node opens
+    /// one at start and prints its invite, and again when its control
+    /// plane lets it go; an expired code needs a restart).
     #[arg(long)]
-    invite: bool,
-    /// With --invite: only this control plane (its key, 64 hex digits) may bind.
-    #[arg(long, value_name = "KEY", requires = "invite")]
+    no_invite: bool,
+    /// Only this control plane (its key, 64 hex digits) may bind.
+    #[arg(long, value_name = "KEY")]
     expect: Option<NodeId>,
     /// Who runs the node's children.
     #[arg(long, value_enum, default_value = "in-process")]
@@ -73,6 +79,11 @@ fn print(v: &Value) {
 
 pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
     let mut builder = agent_builder(&args.app, &args.name);
+    if let Some(path) = &args.key {
+        let key = capwire::identity::read_key_file(path)
+            .map_err(|e| Failure::failed(format!("cannot use the key: {e}")))?;
+        builder = builder.keypair(key);
+    }
     if let Some(dir) = &args.state {
         builder = builder.state_dir(dir.clone());
     }
@@ -108,7 +119,7 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
         .start()
         .await
         .map_err(|e| Failure::failed(format!("the node did not start: {e}")))?;
-    let invite = if args.invite {
+    let invite = if !args.no_invite && !args.supervised && node.controller().is_none() {
         Some(
             node.invite(args.expect)
                 .map_err(|e| Failure::failed(format!("no invite: {e}")))?,
@@ -144,13 +155,43 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
                 println!("invite    {i}");
             }
         }
-        wait_for_signal().await;
+        if args.no_invite {
+            wait_for_signal().await;
+        } else {
+            tokio::select! {
+                () = wait_for_signal() => {}
+                () = invite_while_unbound(&node, args.expect, args.json) => {}
+            }
+        }
     }
     node.shutdown().await;
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// Opens a new bind, and prints its invite, when the node's control plane
+/// lets it go (`disable`). A code that expired or was guessed wrong too
+/// often is not replaced: that would give a guesser new attempts without
+/// end; restart the node for a new one.
+async fn invite_while_unbound(node: &Node, expect: Option<NodeId>, json: bool) {
+    let mut watch = node.watch_manifest();
+    let mut was_bound = node.controller().is_some();
+    while let Some(m) = watch.changed().await {
+        let bound = node.controller().is_some();
+        let released = was_bound && !bound;
+        was_bound = bound;
+        if !released || m.monitoring != capwire::manifest::MonitoringStatus::Off {
+            continue;
+        }
+        match node.invite(expect) {
+            Ok(i) if json => print(&json!({"invite": i.to_string()})),
+            Ok(i) => println!("invite    {i}"),
+            Err(e) => tracing::warn!("no new invite: {e}"),
+        }
+    }
+}
+
+/// Returns at Ctrl-C or SIGTERM.
+pub(crate) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -1,0 +1,559 @@
+//! What each `ctl` command does, with the control plane's node. Every
+//! command reports JSON records (a `kind` and its fields) on a channel;
+//! `render` turns them into text for people, `--json` prints them as they
+//! are, and a forwarded command sends them down the socket.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use capwire::json::{cbor_to_json, json_to_cbor};
+use capwire::manifest::{CopyRecord, Manifest, Member, Roster};
+use capwire::{ControlEvent, Invite, Node, NodeError, NodeId, Peer, StoreError};
+use serde_json::{Value as Json, json};
+use tokio::sync::mpsc;
+
+use super::book::{Book, Entry, short};
+use super::{ClusterOp, ConfigOp, CtlCommand, OnOff};
+use crate::exit::{Failure, TIMEOUT, UNREACHABLE};
+
+/// Why the control plane's node did not open.
+pub(crate) enum OpenError {
+    /// Another process owns the state directory.
+    InUse,
+    /// Anything else.
+    Failed(Failure),
+}
+
+/// The control plane: its node and its address book.
+pub(crate) struct Ctx {
+    node: Node,
+    dir: PathBuf,
+    book: Mutex<Book>,
+}
+
+type Out = mpsc::Sender<Json>;
+
+async fn emit(out: &Out, record: Json) -> Result<(), Failure> {
+    // A reader that went away (Ctrl-C, a closed socket) ends the command.
+    out.send(record)
+        .await
+        .map_err(|_| Failure::failed("the output was closed"))
+}
+
+fn lock(book: &Mutex<Book>) -> MutexGuard<'_, Book> {
+    book.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Ctx {
+    /// Opens the node of the state directory `dir` (created when missing).
+    pub(crate) async fn open(dir: &Path) -> Result<Ctx, OpenError> {
+        let node = Node::builder("capwire.ctl")
+            .name("capwire-ctl")
+            .state_dir(dir.to_path_buf())
+            .start()
+            .await
+            .map_err(|e| match e {
+                NodeError::Store(StoreError::Locked(_)) => OpenError::InUse,
+                e => OpenError::Failed(Failure::failed(format!(
+                    "cannot open the control plane's state in {}: {e}",
+                    dir.display()
+                ))),
+            })?;
+        let book = Book::load(dir).map_err(OpenError::Failed)?;
+        Ok(Ctx {
+            node,
+            dir: dir.to_path_buf(),
+            book: Mutex::new(book),
+        })
+    }
+
+    /// The state directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Shuts the node down.
+    pub(crate) async fn close(&self) {
+        self.node.shutdown().await;
+    }
+
+    fn book(&self) -> MutexGuard<'_, Book> {
+        lock(&self.book)
+    }
+
+    /// A session with `entry`: the one up already, or a new one.
+    async fn reach(&self, entry: &Entry, timeout: Duration) -> Result<Peer, Failure> {
+        if self.node.connected_peers().contains(&entry.node_id) {
+            return Ok(self.node.peer(entry.node_id));
+        }
+        let mut last = Failure::usage(format!("{} has no address", entry.name));
+        for addr in entry.addrs() {
+            match tokio::time::timeout(timeout, self.node.connect(&addr, Some(entry.node_id))).await
+            {
+                Ok(Ok(peer)) => return Ok(peer),
+                Ok(Err(e)) => {
+                    last = Failure::connect(&format!("cannot reach {} at {addr}", entry.name), &e);
+                }
+                Err(_) => {
+                    last = Failure::new(
+                        UNREACHABLE,
+                        format!("cannot reach {} at {addr}: no session within the timeout", entry.name),
+                    );
+                }
+            }
+        }
+        Err(last)
+    }
+
+    async fn call(
+        &self,
+        peer: &Peer,
+        name: &str,
+        cap: &str,
+        verb: &str,
+        args: &Json,
+        timeout: Duration,
+    ) -> Result<Json, Failure> {
+        let args = json_to_cbor(args).map_err(|e| Failure::usage(format!("bad args: {e}")))?;
+        let reply = peer
+            .call_raw(cap, verb, &args, timeout)
+            .await
+            .map_err(|e| Failure::call(&format!("{name} {cap}/{verb}"), &e))?;
+        cbor_to_json(&reply).map_err(|e| Failure::failed(format!("unreadable result: {e}")))
+    }
+
+    /// Runs one command.
+    pub(crate) async fn exec(
+        &self,
+        command: CtlCommand,
+        timeout: Duration,
+        out: &Out,
+    ) -> Result<(), Failure> {
+        match command {
+            CtlCommand::Bind { invite, name } => self.bind(&invite, name, timeout, out).await,
+            CtlCommand::Peers => {
+                let peers: Vec<Json> = self
+                    .book()
+                    .peers
+                    .iter()
+                    .map(|p| {
+                        json!({
+                            "name": p.name, "node_id": p.node_id.to_string(), "addrs": p.addrs,
+                            "parent": p.parent, "cid": p.cid,
+                            "connected": self.node.connected_peers().contains(&p.node_id),
+                        })
+                    })
+                    .collect();
+                emit(
+                    out,
+                    json!({"kind": "peers", "me": self.node.id().to_string(), "peers": peers}),
+                )
+                .await
+            }
+            CtlCommand::Forget { peer } => {
+                let entry = self.book().resolve(&peer)?;
+                let removed = self.book().remove(entry.node_id)?;
+                let message = if removed {
+                    format!("forgot {}", entry.name)
+                } else {
+                    format!("{} was not in the book", entry.name)
+                };
+                emit(out, json!({"kind": "done", "message": message})).await
+            }
+            CtlCommand::Call {
+                peer,
+                cap,
+                verb,
+                args,
+                notify,
+            } => {
+                let args: Json = match args {
+                    Some(text) => serde_json::from_str(&text)
+                        .map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?,
+                    None => json!({}),
+                };
+                let entry = self.book().resolve(&peer)?;
+                let session = self.reach(&entry, timeout).await?;
+                if notify {
+                    let cbor =
+                        json_to_cbor(&args).map_err(|e| Failure::usage(format!("bad args: {e}")))?;
+                    session
+                        .notify_raw(&cap, &verb, &cbor)
+                        .await
+                        .map_err(|e| Failure::call(&format!("{} {cap}/{verb}", entry.name), &e))?;
+                    return emit(
+                        out,
+                        json!({"kind": "sent", "peer": entry.name, "cap": cap, "verb": verb}),
+                    )
+                    .await;
+                }
+                let value = self
+                    .call(&session, &entry.name, &cap, &verb, &args, timeout)
+                    .await?;
+                emit(out, json!({"kind": "result", "value": value})).await
+            }
+            CtlCommand::Manifest { peer } => {
+                let entry = self.book().resolve(&peer)?;
+                let session = self.reach(&entry, timeout).await?;
+                let manifest = session.manifest().ok_or_else(|| {
+                    Failure::new(UNREACHABLE, format!("{}: the session ended", entry.name))
+                })?;
+                emit(out, manifest_json(&manifest)).await
+            }
+            CtlCommand::Status { peer } => {
+                let entry = self.book().resolve(&peer)?;
+                let session = self.reach(&entry, timeout).await?;
+                let reply = self
+                    .call(&session, &entry.name, "core.monitoring", "status", &json!({}), timeout)
+                    .await?;
+                emit(out, tagged("status", &entry.name, reply)).await
+            }
+            CtlCommand::Disable { peer } => {
+                let entry = self.book().resolve(&peer)?;
+                let session = self.reach(&entry, timeout).await?;
+                self.call(&session, &entry.name, "core.monitoring", "disable", &json!({}), timeout)
+                    .await?;
+                let message = format!("{} is no longer bound to this control plane", entry.name);
+                emit(out, json!({"kind": "done", "message": message})).await
+            }
+            CtlCommand::Cluster { peer, op } => {
+                let entry = self.book().target(peer.as_deref())?;
+                let session = self.reach(&entry, timeout).await?;
+                self.cluster(&entry, &session, op, timeout, out).await
+            }
+            CtlCommand::Config { peer, op } => {
+                let entry = self.book().target(peer.as_deref())?;
+                let session = self.reach(&entry, timeout).await?;
+                match op {
+                    ConfigOp::Get => {
+                        let reply = self
+                            .call(&session, &entry.name, "core.configuration", "get_config", &json!({}), timeout)
+                            .await?;
+                        emit(out, tagged("config", &entry.name, reply)).await
+                    }
+                    ConfigOp::Set { value, if_version } => {
+                        let value: Json = serde_json::from_str(&value)
+                            .map_err(|e| Failure::usage(format!("the value is not JSON: {e}")))?;
+                        let mut args = json!({"value": value});
+                        if let Some(v) = if_version {
+                            args["if_version"] = json!(v);
+                        }
+                        let reply = self
+                            .call(&session, &entry.name, "core.configuration", "set_config", &args, timeout)
+                            .await?;
+                        emit(out, tagged("config_set", &entry.name, reply)).await
+                    }
+                }
+            }
+            CtlCommand::Watch => self.watch(timeout, out).await,
+            CtlCommand::Top { .. } => Err(Failure::usage(
+                "top runs in its own terminal; it cannot be handed to another ctl",
+            )),
+        }
+    }
+
+    async fn bind(
+        &self,
+        invite: &str,
+        name: Option<String>,
+        timeout: Duration,
+        out: &Out,
+    ) -> Result<(), Failure> {
+        let invite: Invite = invite
+            .trim()
+            .parse()
+            .map_err(|e| Failure::usage(format!("not an invite: {e}")))?;
+        if invite.code.is_none() {
+            return Err(Failure::usage(
+                "the invite has no code (#CODE): ask the node for a new invite",
+            ));
+        }
+        let (_, reply) = tokio::time::timeout(timeout, self.node.connect_invite(&invite))
+            .await
+            .map_err(|_| Failure::new(TIMEOUT, "bind: no answer within the timeout"))?
+            .map_err(|e| Failure::connect("bind", &e))?;
+        let reply = reply.ok_or_else(|| Failure::failed("bind: no reply"))?;
+        let name = name.unwrap_or_else(|| {
+            let taken = self
+                .book()
+                .peers
+                .iter()
+                .any(|p| p.name == reply.manifest.name && p.node_id != invite.node_id);
+            if reply.manifest.name.is_empty() || taken {
+                short(&invite.node_id)
+            } else {
+                reply.manifest.name.clone()
+            }
+        });
+        self.book().put(Entry {
+            name: name.clone(),
+            node_id: invite.node_id,
+            addrs: invite.addrs.iter().map(ToString::to_string).collect(),
+            parent: None,
+            cid: None,
+        })?;
+        let members = cbor_to_json(&reply.members).unwrap_or(Json::Null);
+        let config = cbor_to_json(&reply.config).unwrap_or(Json::Null);
+        emit(
+            out,
+            json!({
+                "kind": "bound", "name": name, "node_id": invite.node_id.to_string(),
+                "manifest": manifest_json(&reply.manifest), "members": members,
+                "config": config, "version": reply.version,
+            }),
+        )
+        .await
+    }
+
+    /// The cid `child` names in `parent`'s roster: a cid, or a member's
+    /// name (left as it is when neither, for the node to refuse).
+    async fn cid(
+        &self,
+        parent: &Entry,
+        session: &Peer,
+        child: &str,
+        timeout: Duration,
+    ) -> Result<String, Failure> {
+        let roster = self.roster(parent, session, timeout).await?;
+        Ok(roster
+            .members
+            .iter()
+            .find(|m| m.cid == child)
+            .or_else(|| roster.members.iter().find(|m| m.name == child))
+            .map_or_else(|| child.to_owned(), |m| m.cid.clone()))
+    }
+
+    async fn roster(&self, parent: &Entry, session: &Peer, timeout: Duration) -> Result<Roster, Failure> {
+        let reply = session
+            .request_within(capwire::manifest::ClusterList, capwire::manifest::NoArgs {}, timeout)
+            .await
+            .map_err(|e| Failure::call(&format!("{} core.cluster/list", parent.name), &e))?;
+        Ok(reply)
+    }
+
+    async fn cluster(
+        &self,
+        parent: &Entry,
+        session: &Peer,
+        op: ClusterOp,
+        timeout: Duration,
+        out: &Out,
+    ) -> Result<(), Failure> {
+        let call = |verb: &'static str, args: Json| async move {
+            self.call(session, &parent.name, "core.cluster", verb, &args, timeout)
+                .await
+        };
+        match op {
+            ClusterOp::List => {
+                let roster = self.roster(parent, session, timeout).await?;
+                emit(out, roster_json(&parent.name, &roster)).await
+            }
+            ClusterOp::Create { name, bio } => {
+                let mut args = json!({"name": name});
+                if let Some(bio) = bio {
+                    args["bio"] = json!(bio);
+                }
+                let member = call("create", args).await?;
+                emit(out, tagged("member", &parent.name, member)).await
+            }
+            ClusterOp::Remove { child } => {
+                let cid = self.cid(parent, session, &child, timeout).await?;
+                call("remove", json!({"cid": cid})).await?;
+                let gone: Vec<NodeId> = self
+                    .book()
+                    .peers
+                    .iter()
+                    .filter(|p| p.parent.as_deref() == Some(&parent.name) && p.cid.as_deref() == Some(&cid))
+                    .map(|p| p.node_id)
+                    .collect();
+                for id in gone {
+                    self.book().remove(id)?;
+                }
+                emit(out, json!({"kind": "done", "message": format!("removed {cid}")})).await
+            }
+            ClusterOp::SetBio { child, bio } => {
+                let cid = self.cid(parent, session, &child, timeout).await?;
+                let member = call("set_bio", json!({"cid": cid, "bio": bio})).await?;
+                emit(out, tagged("member", &parent.name, member)).await
+            }
+            ClusterOp::SetPersona { child, persona } => {
+                let cid = self.cid(parent, session, &child, timeout).await?;
+                let member = call("set_persona", json!({"cid": cid, "persona": persona})).await?;
+                emit(out, tagged("member", &parent.name, member)).await
+            }
+            ClusterOp::SetMonitoring { child, state } => {
+                let cid = self.cid(parent, session, &child, timeout).await?;
+                let enabled = state == OnOff::On;
+                let mut member =
+                    call("set_monitoring", json!({"cid": cid, "enabled": enabled})).await?;
+                if enabled {
+                    self.bind_child(parent, session, &cid, &member, timeout).await?;
+                    // Bound now: the roster says `on`.
+                    let roster = self.roster(parent, session, timeout).await?;
+                    if let Some(m) = roster.members.iter().find(|m| m.cid == cid) {
+                        member = member_json(m);
+                    }
+                }
+                emit(out, tagged("member", &parent.name, member)).await
+            }
+            ClusterOp::Introduce { a, b } => {
+                let a = self.cid(parent, session, &a, timeout).await?;
+                let b = self.cid(parent, session, &b, timeout).await?;
+                call("introduce", json!({"peer_a": a, "peer_b": b})).await?;
+                let message = format!("{a} and {b} are now each other's contacts");
+                emit(out, json!({"kind": "done", "message": message})).await
+            }
+            ClusterOp::Contact { child } => {
+                let cid = self.cid(parent, session, &child, timeout).await?;
+                let reply = call("contact", json!({"cid": cid})).await?;
+                emit(out, tagged("contact", &parent.name, reply)).await
+            }
+        }
+    }
+
+    /// After `set_monitoring on`: binds the child with the invite its
+    /// parent hands over, and adds it to the book.
+    async fn bind_child(
+        &self,
+        parent: &Entry,
+        session: &Peer,
+        cid: &str,
+        member: &Json,
+        timeout: Duration,
+    ) -> Result<(), Failure> {
+        let contact = self
+            .call(session, &parent.name, "core.cluster", "contact", &json!({"cid": cid}), timeout)
+            .await?;
+        let invite: Invite = contact["invite"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| Failure::failed("the parent's contact reply has no invite"))?;
+        if invite.code.is_some() {
+            tokio::time::timeout(timeout, self.node.connect_invite(&invite))
+                .await
+                .map_err(|_| Failure::new(TIMEOUT, "binding the child: no answer in time"))?
+                .map_err(|e| Failure::connect("binding the child", &e))?;
+        }
+        let child_name = member["name"].as_str().unwrap_or(cid).to_owned();
+        let name = {
+            let book = self.book();
+            let clash = book
+                .peers
+                .iter()
+                .any(|p| p.name == child_name && p.node_id != invite.node_id);
+            if clash {
+                format!("{}/{child_name}", parent.name)
+            } else {
+                child_name
+            }
+        };
+        self.book().put(Entry {
+            name,
+            node_id: invite.node_id,
+            addrs: invite.addrs.iter().map(ToString::to_string).collect(),
+            parent: Some(parent.name.clone()),
+            cid: Some(cid.to_owned()),
+        })
+    }
+
+    /// Keeps a session with every node in the book and reports the pushes
+    /// they send, until the output closes.
+    async fn watch(&self, timeout: Duration, out: &Out) -> Result<(), Failure> {
+        let mut events = self.node.control_events();
+        let mut up: HashSet<NodeId> = HashSet::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let entries = self.book().peers.clone();
+                    let connected = self.node.connected_peers();
+                    for entry in entries {
+                        let now_up = connected.contains(&entry.node_id)
+                            || self.reach(&entry, timeout.min(Duration::from_secs(2))).await.is_ok();
+                        let was_up = up.contains(&entry.node_id);
+                        if now_up != was_up {
+                            if now_up {
+                                up.insert(entry.node_id);
+                            } else {
+                                up.remove(&entry.node_id);
+                            }
+                            let kind = if now_up { "connected" } else { "disconnected" };
+                            emit(out, json!({"kind": kind, "peer": entry.name, "node_id": entry.node_id.to_string()})).await?;
+                        }
+                    }
+                }
+                event = events.recv() => match event {
+                    Ok(ControlEvent::Copy { from, record }) => {
+                        let from = self.book().name_of(&from);
+                        emit(out, self.copy_json(&from, &record)).await?;
+                    }
+                    Ok(ControlEvent::Roster { from, roster }) => {
+                        let from = self.book().name_of(&from);
+                        emit(out, roster_json(&from, &roster)).await?;
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        emit(out, json!({"kind": "lagged", "missed": missed})).await?;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+                },
+                () = out.closed() => return Ok(()),
+            }
+        }
+    }
+
+    fn copy_json(&self, from: &str, record: &CopyRecord) -> Json {
+        let body = if record.truncated {
+            Json::Null
+        } else {
+            cbor_to_json(&record.body).unwrap_or(Json::Null)
+        };
+        json!({
+            "kind": "copy", "from": from, "seq": record.seq, "dropped": record.dropped,
+            "dir": match record.dir { capwire::manifest::CopyDirection::In => "in", capwire::manifest::CopyDirection::Out => "out" },
+            "peer": self.book().name_of(&record.peer), "peer_id": record.peer.to_string(),
+            "at_ms": record.at_ms, "cap": record.cap, "verb": record.verb,
+            "req_id": record.req_id, "body": body, "body_len": record.body_len,
+            "truncated": record.truncated,
+        })
+    }
+}
+
+fn tagged(kind: &str, peer: &str, value: Json) -> Json {
+    json!({"kind": kind, "peer": peer, "value": value})
+}
+
+fn member_json(m: &Member) -> Json {
+    serde_json::to_value(m).unwrap_or(Json::Null)
+}
+
+pub(crate) fn roster_json(from: &str, roster: &Roster) -> Json {
+    json!({
+        "kind": "roster", "peer": from, "version": roster.version,
+        "members": roster.members.iter().map(member_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A manifest as JSON: keys as hex, every capability with its verbs.
+pub(crate) fn manifest_json(m: &Manifest) -> Json {
+    let caps: Vec<Json> = m
+        .capabilities
+        .iter()
+        .map(|c| {
+            json!({
+                "id": c.id.as_str(), "version": c.version.to_string(),
+                "verbs": c.verbs.iter().map(|v| json!({
+                    "name": v.name.as_str(), "kind": v.kind.to_string(), "class": v.class.to_string(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "kind": "manifest", "node_id": m.node_id.to_string(), "app_id": m.app_id,
+        "name": m.name, "description": m.description, "epoch": m.epoch,
+        "monitoring": m.monitoring.to_string(), "capabilities": caps,
+    })
+}

@@ -1,0 +1,336 @@
+//! `capwire ctl`: the control-plane side. It has its own state directory
+//! (its identity, and `peers.json`: the nodes it bound, by name), binds
+//! nodes with their invites and then calls them.
+//!
+//! Only one process at a time can own a state directory (its store is
+//! locked), yet a `ctl watch` or `ctl top` runs for long while other
+//! commands are typed in another terminal. So the owner also listens on
+//! `ctl.sock` in the (owner-only) state directory, and a `ctl` that finds
+//! the directory in use hands its command to the owner over that socket
+//! and prints what comes back: the same records, the same exit code, and
+//! the same session with each node (a second session with the same key
+//! would replace the owner's).
+
+mod book;
+mod exec;
+mod forward;
+mod render;
+mod top;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::exit::{EXIT_CODES, Failure};
+pub(crate) use exec::Ctx;
+
+/// Arguments of `capwire ctl`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = EXIT_CODES)]
+pub(crate) struct CtlArgs {
+    /// The control plane's state directory: its identity and the nodes it
+    /// bound. Default: $CAPWIRE_CTL_STATE, else ~/.capwire/ctl.
+    #[arg(long = "state", value_name = "DIR", env = "CAPWIRE_CTL_STATE", global = true)]
+    state_dir: Option<PathBuf>,
+    /// Print one JSON object a line instead of text for people.
+    #[arg(long, global = true)]
+    json: bool,
+    /// How long to wait for a node to answer (e.g. 500ms, 10s, 2m).
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, global = true)]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+/// What `capwire ctl` does.
+#[derive(Debug, Clone, clap::Subcommand, Serialize, Deserialize)]
+pub(crate) enum CtlCommand {
+    /// Binds a node: connects with its invite (`capwire://ID@ADDR#CODE`, as
+    /// `capwire node --invite` prints it), proves the code, and remembers
+    /// the node under a name.
+    Bind {
+        /// The node's invite.
+        invite: String,
+        /// The name to call it by (default: the name in its manifest).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Lists the nodes this control plane knows.
+    Peers,
+    /// Forgets a node (it stays bound until `disable`).
+    Forget {
+        /// The node: a name, a key or an invite.
+        peer: String,
+    },
+    /// Calls a verb of a node with JSON args (sent as CBOR; see
+    /// `capwire ctl call --help` for the mapping) and prints the result.
+    #[command(after_help = JSON_MAPPING)]
+    Call {
+        /// The node: a name, a key or an invite.
+        peer: String,
+        /// The capability, e.g. app.agent.
+        cap: String,
+        /// The verb, e.g. echo.
+        verb: String,
+        /// The args as JSON (default: {}, what verbs without arguments take).
+        #[arg(long, value_name = "JSON")]
+        args: Option<String>,
+        /// Send it as a fire-and-forget notification (no answer).
+        #[arg(long)]
+        notify: bool,
+    },
+    /// Shows a node's manifest: its capabilities, verbs and their classes.
+    Manifest {
+        /// The node: a name, a key or an invite.
+        peer: String,
+    },
+    /// Shows a node's monitoring status and whether this is its controller.
+    Status {
+        /// The node: a name, a key or an invite.
+        peer: String,
+    },
+    /// Unbinds a node (`core.monitoring/disable`): this control plane
+    /// gives up control of it.
+    Disable {
+        /// The node: a name, a key or an invite.
+        peer: String,
+    },
+    /// A node's cluster of child agents (`core.cluster`).
+    Cluster {
+        /// The parent node (default: the one bound node that is nobody's child).
+        #[arg(long)]
+        peer: Option<String>,
+        #[command(subcommand)]
+        op: ClusterOp,
+    },
+    /// A node's configuration (`core.configuration`).
+    Config {
+        /// The node (default: the one bound node that is nobody's child).
+        #[arg(long)]
+        peer: Option<String>,
+        #[command(subcommand)]
+        op: ConfigOp,
+    },
+    /// Prints roster changes and monitoring copies from every bound node as
+    /// they arrive, until interrupted.
+    Watch,
+    /// A live view of the cluster: members and their monitoring, calls and
+    /// denials per verb, recent monitoring copies. q or Ctrl-C quits.
+    Top {
+        /// How many recent copies to show.
+        #[arg(long, default_value_t = 12)]
+        copies: usize,
+    },
+}
+
+/// `capwire ctl cluster ...`. A child is named by its cid or its name.
+#[derive(Debug, Clone, clap::Subcommand, Serialize, Deserialize)]
+pub(crate) enum ClusterOp {
+    /// Lists the members and the roster version.
+    List,
+    /// Creates a child agent node.
+    Create {
+        /// Its name (unique in the cluster).
+        name: String,
+        /// A short description.
+        #[arg(long)]
+        bio: Option<String>,
+    },
+    /// Stops and forgets a child (an absent child is already removed).
+    Remove {
+        /// The child.
+        child: String,
+    },
+    /// Sets a child's bio.
+    SetBio {
+        /// The child.
+        child: String,
+        /// The new bio.
+        bio: String,
+    },
+    /// Sets a child's persona.
+    SetPersona {
+        /// The child.
+        child: String,
+        /// The new persona.
+        persona: String,
+    },
+    /// Turns monitoring of a child on (this control plane binds it and can
+    /// then call it by its name) or off.
+    SetMonitoring {
+        /// The child.
+        child: String,
+        /// on or off.
+        state: OnOff,
+    },
+    /// Makes two children each other's contacts.
+    Introduce {
+        /// One child.
+        a: String,
+        /// The other.
+        b: String,
+    },
+    /// Prints how to reach a child: its invite.
+    Contact {
+        /// The child.
+        child: String,
+    },
+}
+
+/// on / off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+pub(crate) enum OnOff {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
+/// `capwire ctl config ...`.
+#[derive(Debug, Clone, clap::Subcommand, Serialize, Deserialize)]
+pub(crate) enum ConfigOp {
+    /// Prints the configuration and its version.
+    Get,
+    /// Replaces the configuration with a JSON value (stored as CBOR).
+    Set {
+        /// The new value, as JSON.
+        value: String,
+        /// Only if the configuration is still at this version
+        /// (compare-and-set; refused with `conflict` otherwise).
+        #[arg(long, value_name = "N")]
+        if_version: Option<u64>,
+    },
+}
+
+const JSON_MAPPING: &str = "\
+JSON to CBOR: null, booleans, strings, arrays and objects map as they are;
+a number without fraction or exponent is an integer, one with them a float.
+Special forms (one-key objects):
+  {\"$bytes\": \"00ff\"}           a byte string (hex)
+  {\"$map\": [[1, \"a\"], ...]}     a map with integer, byte or any keys
+  {\"$int\": \"-18446744073709551616\"}  an integer beyond 64 bits
+  {\"$float\": \"nan\"|\"inf\"|\"-inf\"}  a float JSON cannot write
+Results are printed with the same forms.";
+
+/// A command and its timeout, as one `ctl` hands it to another.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Request {
+    pub(crate) command: CtlCommand,
+    pub(crate) timeout_ms: u64,
+}
+
+/// Runs a command here or hands it to the process that owns the state.
+#[derive(Clone)]
+pub(crate) enum Backend {
+    /// This process owns the state directory.
+    Local(Arc<Ctx>),
+    /// Another process does; its socket.
+    Remote(PathBuf),
+}
+
+impl Backend {
+    /// Starts `command`; its records come on the receiver, its outcome
+    /// from the handle.
+    pub(crate) fn start(
+        &self,
+        command: CtlCommand,
+        timeout: Duration,
+    ) -> (mpsc::Receiver<Json>, JoinHandle<Result<(), Failure>>) {
+        let (tx, rx) = mpsc::channel(256);
+        let handle = match self {
+            Backend::Local(ctx) => {
+                let ctx = Arc::clone(ctx);
+                tokio::spawn(async move { ctx.exec(command, timeout, &tx).await })
+            }
+            Backend::Remote(socket) => {
+                let request = Request {
+                    command,
+                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                };
+                let socket = socket.clone();
+                tokio::spawn(async move { forward::send(&socket, &request, &tx).await })
+            }
+        };
+        (rx, handle)
+    }
+}
+
+fn state_dir(args: &CtlArgs) -> Result<PathBuf, Failure> {
+    if let Some(dir) = &args.state_dir {
+        return Ok(dir.clone());
+    }
+    match std::env::var_os("HOME") {
+        Some(home) if !home.is_empty() => Ok(PathBuf::from(home).join(".capwire").join("ctl")),
+        _ => Err(Failure::usage(
+            "no state directory: give --state DIR or set CAPWIRE_CTL_STATE",
+        )),
+    }
+}
+
+/// `capwire ctl ...`.
+pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
+    let dir = state_dir(&args)?;
+    let backend = match Ctx::open(&dir).await {
+        Ok(ctx) => {
+            let ctx = Arc::new(ctx);
+            forward::serve(Arc::clone(&ctx));
+            Backend::Local(ctx)
+        }
+        Err(exec::OpenError::InUse) => Backend::Remote(forward::socket_path(&dir)),
+        Err(exec::OpenError::Failed(f)) => return Err(f),
+    };
+    let result = match args.command {
+        CtlCommand::Top { copies } => top::run(&backend, args.timeout, copies).await,
+        command => {
+            let long_running = matches!(command, CtlCommand::Watch);
+            let (mut records, done) = backend.start(command, args.timeout);
+            let json = args.json;
+            let printing = async {
+                while let Some(record) = records.recv().await {
+                    render::print(&record, json);
+                }
+            };
+            if long_running {
+                tokio::select! {
+                    () = printing => {}
+                    () = crate::node::wait_for_signal() => {}
+                }
+                done.abort();
+                Ok(())
+            } else {
+                printing.await;
+                done.await
+                    .unwrap_or_else(|e| Err(Failure::failed(format!("the command failed: {e}"))))
+            }
+        }
+    };
+    if let Backend::Local(ctx) = backend {
+        ctx.close().await;
+    }
+    result
+}
+
+/// Parses `500ms`, `10s`, `2m`, `1h` (a bare number is seconds).
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (e.g. 500ms, 10s, 2m)"))?;
+    let seconds = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        other => return Err(format!("unknown unit {other:?} (ms, s, m, h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))
+}

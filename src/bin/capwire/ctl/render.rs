@@ -1,0 +1,218 @@
+//! Records as text for people (or, with `--json`, as they are).
+
+use std::fmt::Write as _;
+
+use serde_json::Value as Json;
+
+/// Prints one record.
+pub(crate) fn print(record: &Json, json: bool) {
+    if json {
+        println!("{record}");
+    } else {
+        let text = human(record);
+        if !text.is_empty() {
+            println!("{}", text.trim_end_matches('\n'));
+        }
+    }
+}
+
+fn s<'a>(v: &'a Json, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("")
+}
+
+/// A JSON value on one line, strings without quotes.
+pub(crate) fn value_line(v: &Json) -> String {
+    match v {
+        Json::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+/// `HH:MM:SS.mmm` (UTC) of milliseconds since the Unix epoch.
+pub(crate) fn clock(at_ms: u64) -> String {
+    let day_ms = at_ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        day_ms / 3_600_000,
+        day_ms / 60_000 % 60,
+        day_ms / 1000 % 60,
+        day_ms % 1000
+    )
+}
+
+/// One monitoring copy on one line.
+pub(crate) fn copy_line(r: &Json) -> String {
+    let arrow = if s(r, "dir") == "in" { "<-" } else { "->" };
+    let mut line = format!(
+        "{} {:<10} #{:<5} {arrow} {:<12} {}/{}",
+        clock(r["at_ms"].as_u64().unwrap_or(0)),
+        s(r, "from"),
+        r["seq"].as_u64().unwrap_or(0),
+        s(r, "peer"),
+        s(r, "cap"),
+        s(r, "verb"),
+    );
+    let req = s(r, "req_id");
+    if req.is_empty() {
+        line.push_str(" (notify)");
+    } else {
+        let _ = write!(line, " req={req}");
+    }
+    if r["truncated"].as_bool() == Some(true) {
+        let _ = write!(line, " body: {} bytes, not copied", r["body_len"]);
+    } else {
+        let body = value_line(&r["body"]);
+        let body: String = body.chars().take(60).collect();
+        let _ = write!(line, " {body}");
+    }
+    let dropped = r["dropped"].as_u64().unwrap_or(0);
+    if dropped > 0 {
+        let _ = write!(line, "  ({dropped} copies dropped before this one)");
+    }
+    line
+}
+
+fn member_line(m: &Json) -> String {
+    format!(
+        "{:<10} {:<12} {:<9} monitoring={:<8} {}",
+        s(m, "cid"),
+        s(m, "name"),
+        s(m, "status"),
+        s(m, "monitoring"),
+        m["caps"]
+            .as_array()
+            .map(|c| c.iter().map(value_line).collect::<Vec<_>>().join(","))
+            .unwrap_or_default()
+    )
+}
+
+/// The text of one record.
+pub(crate) fn human(r: &Json) -> String {
+    let mut out = String::new();
+    match s(r, "kind") {
+        "result" => out = pretty(&r["value"]),
+        "sent" => {
+            out = format!(
+                "sent {}/{} to {} (fire-and-forget: no answer)",
+                s(r, "cap"),
+                s(r, "verb"),
+                s(r, "peer")
+            );
+        }
+        "done" => out = s(r, "message").to_owned(),
+        "bound" => {
+            let _ = writeln!(out, "bound {} ({})", s(r, "name"), s(r, "node_id"));
+            let m = &r["manifest"];
+            let _ = writeln!(
+                out,
+                "  app {}, monitoring {}, {} capabilities",
+                s(m, "app_id"),
+                s(m, "monitoring"),
+                m["capabilities"].as_array().map_or(0, Vec::len)
+            );
+            let _ = writeln!(
+                out,
+                "  roster version {}, {} members; config version {}",
+                r["version"],
+                r["members"].as_array().map_or(0, Vec::len),
+                r["config"]["version"]
+            );
+        }
+        "peers" => {
+            let peers = r["peers"].as_array().cloned().unwrap_or_default();
+            if peers.is_empty() {
+                out = "no nodes yet: bind one with `capwire ctl bind INVITE`".into();
+            }
+            for p in &peers {
+                let parent = match (p["parent"].as_str(), p["cid"].as_str()) {
+                    (Some(parent), Some(cid)) => format!("  child {cid} of {parent}"),
+                    _ => String::new(),
+                };
+                let _ = writeln!(
+                    out,
+                    "{:<16} {}  {}{parent}",
+                    s(p, "name"),
+                    short(s(p, "node_id")),
+                    p["addrs"]
+                        .as_array()
+                        .map(|a| a.iter().map(value_line).collect::<Vec<_>>().join(","))
+                        .unwrap_or_default(),
+                );
+            }
+        }
+        "manifest" => {
+            let _ = writeln!(
+                out,
+                "{} ({}) app {} epoch {} monitoring {}",
+                s(r, "name"),
+                s(r, "node_id"),
+                s(r, "app_id"),
+                r["epoch"],
+                s(r, "monitoring")
+            );
+            for c in r["capabilities"].as_array().into_iter().flatten() {
+                let _ = writeln!(out, "  {} {}", s(c, "id"), s(c, "version"));
+                for v in c["verbs"].as_array().into_iter().flatten() {
+                    let _ = writeln!(
+                        out,
+                        "    {:<16} {:<12} {}",
+                        s(v, "name"),
+                        s(v, "kind"),
+                        s(v, "class")
+                    );
+                }
+            }
+        }
+        "status" => {
+            let v = &r["value"];
+            out = format!(
+                "{}: monitoring {}; {}; {} copies made",
+                s(r, "peer"),
+                s(v, "monitoring"),
+                if v["you_are_controller"].as_bool() == Some(true) {
+                    "this control plane is its controller"
+                } else {
+                    "this control plane is not its controller"
+                },
+                v["copy_seq"]
+            );
+        }
+        "config" => {
+            let v = &r["value"];
+            out = format!("version {}: {}", v["version"], value_line(&v["value"]));
+        }
+        "config_set" => out = format!("configuration now at version {}", r["value"]["version"]),
+        "member" => out = member_line(&r["value"]),
+        "contact" => out = s(&r["value"], "invite").to_owned(),
+        "roster" => {
+            let members = r["members"].as_array().cloned().unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "roster of {} version {}: {} members",
+                s(r, "peer"),
+                r["version"],
+                members.len()
+            );
+            for m in &members {
+                let _ = writeln!(out, "  {}", member_line(m));
+            }
+        }
+        "copy" => out = copy_line(r),
+        "connected" => out = format!("connected to {}", s(r, "peer")),
+        "disconnected" => out = format!("lost the session with {} (retrying)", s(r, "peer")),
+        "lagged" => out = format!("missed {} pushes (this terminal was too slow)", r["missed"]),
+        _ => out = r.to_string(),
+    }
+    out
+}
+
+fn pretty(v: &Json) -> String {
+    match v {
+        Json::String(text) => text.clone(),
+        other => serde_json::to_string_pretty(other).unwrap_or_else(|_| other.to_string()),
+    }
+}

@@ -1,0 +1,89 @@
+//! Exit codes and the failures that carry them.
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0 | success |
+//! | 1 | a local failure (state directory, cannot start a node, I/O) |
+//! | 2 | bad usage or input (arguments, JSON, invite, unknown peer name) |
+//! | 3 | denied by the peer (`unknown_verb`, `unauthorized`, `bind_failed`) |
+//! | 4 | the peer answered with another error (`bad_args`, `conflict`, ...) |
+//! | 5 | no answer in time (`--timeout`, or the peer's `timeout`) |
+//! | 6 | the peer could not be reached or the connection was lost |
+
+use std::fmt;
+
+use capwire::{CallError, NodeError};
+
+/// The exit codes, as `capwire --help` lists them.
+pub(crate) const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  local failure (state directory, node start, I/O)
+  2  bad usage or input (arguments, JSON, invite, unknown peer)
+  3  denied by the peer (unknown_verb, unauthorized, bind_failed)
+  4  the peer answered another error (bad_args, conflict, not_found, ...)
+  5  no answer in time (--timeout, or the peer's own timeout)
+  6  the peer could not be reached, or the connection was lost";
+
+/// A failure of a subcommand: what to print and the exit code.
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    pub(crate) message: String,
+    pub(crate) code: u8,
+}
+
+pub(crate) const LOCAL: u8 = 1;
+pub(crate) const USAGE: u8 = 2;
+pub(crate) const DENIED: u8 = 3;
+pub(crate) const REMOTE: u8 = 4;
+pub(crate) const TIMEOUT: u8 = 5;
+pub(crate) const UNREACHABLE: u8 = 6;
+
+impl Failure {
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            code,
+        }
+    }
+
+    /// Bad usage or input (exit code 2).
+    pub(crate) fn usage(message: impl Into<String>) -> Self {
+        Self::new(USAGE, message)
+    }
+
+    /// A local failure (exit code 1).
+    pub(crate) fn failed(message: impl Into<String>) -> Self {
+        Self::new(LOCAL, message)
+    }
+
+    /// A failed call, with what was being done.
+    pub(crate) fn call(doing: &str, e: &CallError) -> Self {
+        let code = match e {
+            CallError::Denied(_) => DENIED,
+            CallError::Timeout | CallError::Cancelled => TIMEOUT,
+            CallError::PeerLost | CallError::Unreachable(_) | CallError::Shutdown => UNREACHABLE,
+            CallError::Encode(_) | CallError::InvalidInvite(_) | CallError::ReqIdInUse => USAGE,
+            _ => REMOTE,
+        };
+        Self::new(code, format!("{doing}: {e}"))
+    }
+
+    /// A failure to reach a node.
+    pub(crate) fn connect(doing: &str, e: &NodeError) -> Self {
+        match e {
+            NodeError::Bind(c) => Self::call(doing, c),
+            NodeError::Timeout => Self::new(TIMEOUT, format!("{doing}: {e}")),
+            NodeError::Store(_) | NodeError::State(_) | NodeError::Config(_) => {
+                Self::failed(format!("{doing}: {e}"))
+            }
+            _ => Self::new(UNREACHABLE, format!("{doing}: {e}")),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
