@@ -1,11 +1,18 @@
 //! `app.agent`: the small application capability every `capwire node`
 //! runs, so that nodes started from the command line (and the children of
 //! a process host) have something to call: `echo` (bootstrap) answers
-//! with the node's name, `ask` (controller) makes the node call another
-//! node's `echo`.
+//! with the node's name, `note` (bootstrap notification) is counted and
+//! logged, `ask` (controller) makes the node call another node's `echo`,
+//! and `probe` (controller) makes it call any verb of another node and
+//! say what came back (the demo uses it to show a denial between agents).
 
-use capwire::manifest::verb;
-use capwire::{Capability, HandlerError, NodeHandle, NodeId, State};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use capwire::envelope::RawValue;
+use capwire::manifest::{NoArgs, verb};
+use capwire::{Capability, HandlerError, NodeHandle, NodeId, Sender, State};
 use serde::{Deserialize, Serialize};
 
 verb! {
@@ -29,19 +36,75 @@ verb! {
     pub(crate) struct Ask: request "app.agent" / "ask", Controller, AskArgs => String;
 }
 
-/// The node's name, for `echo`.
+verb! {
+    /// `app.agent/note`: a fire-and-forget note, counted and logged.
+    pub(crate) struct Note: notification "app.agent" / "note", Bootstrap, String;
+}
+
+/// Args of `app.agent/probe`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProbeArgs {
+    /// The node to call: its key, 64 hex digits.
+    pub(crate) peer: String,
+    /// The capability to call.
+    pub(crate) cap: String,
+    /// The verb to call (with empty args).
+    pub(crate) verb: String,
+}
+
+verb! {
+    /// `app.agent/probe` (controller): calls `cap`/`verb` of `peer` with
+    /// empty args and answers what came back: `ok`, or the error.
+    pub(crate) struct Probe: request "app.agent" / "probe", Controller, ProbeArgs => String;
+}
+
+/// The node's name, for `echo`, and how many notes it got.
 #[derive(Debug, Clone)]
-pub(crate) struct AgentName(pub(crate) String);
+pub(crate) struct AgentName(pub(crate) String, pub(crate) Arc<AtomicU64>);
+
+impl AgentName {
+    pub(crate) fn new(name: &str) -> Self {
+        Self(name.to_owned(), Arc::new(AtomicU64::new(0)))
+    }
+}
 
 async fn echo(text: String, State(name): State<AgentName>) -> Result<String, HandlerError> {
     Ok(format!("{}: {text}", name.0))
 }
 
+async fn note(
+    text: String,
+    State(name): State<AgentName>,
+    Sender(from): Sender,
+) -> Result<(), HandlerError> {
+    let n = name.1.fetch_add(1, Ordering::Relaxed) + 1;
+    tracing::info!(agent = %name.0, %from, n, "note: {text}");
+    Ok(())
+}
+
+fn key(peer: &str) -> Result<NodeId, HandlerError> {
+    NodeId::try_from(peer)
+        .map_err(|e| HandlerError::new(capwire::envelope::ErrorCode::BadArgs, format!("peer: {e}")))
+}
+
+async fn probe(args: ProbeArgs, node: NodeHandle) -> Result<String, HandlerError> {
+    let peer = node.peer(key(&args.peer)?);
+    let empty = RawValue::encode(&NoArgs {})
+        .map_err(|e| HandlerError::new(capwire::envelope::ErrorCode::Internal, e.to_string()))?;
+    Ok(
+        match peer
+            .call_raw(&args.cap, &args.verb, &empty, Duration::from_secs(5))
+            .await
+        {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.to_string(),
+        },
+    )
+}
+
 async fn ask(args: AskArgs, node: NodeHandle) -> Result<String, HandlerError> {
-    let peer = NodeId::try_from(args.peer.as_str()).map_err(|e| {
-        HandlerError::new(capwire::envelope::ErrorCode::BadArgs, format!("peer: {e}"))
-    })?;
-    node.peer(peer)
+    node.peer(key(&args.peer)?)
         .request(Echo, args.text)
         .await
         .map_err(|e| HandlerError::new(capwire::envelope::ErrorCode::Unavailable, e.to_string()))
@@ -50,7 +113,11 @@ async fn ask(args: AskArgs, node: NodeHandle) -> Result<String, HandlerError> {
 /// The capability (the node also needs [`AgentName`] as state).
 pub(crate) fn capability() -> Capability {
     match Capability::new("app.agent", "1.0.0") {
-        Ok(cap) => cap.handle(Echo, echo).handle(Ask, ask),
+        Ok(cap) => cap
+            .handle(Echo, echo)
+            .handle(Note, note)
+            .handle(Ask, ask)
+            .handle(Probe, probe),
         // "1.0.0" is a valid version.
         Err(_) => unreachable!("app.agent's version is valid"),
     }

@@ -13,8 +13,8 @@ use capwire::{Addr, Contact, Invite, Node, NodeId};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::exit::Failure;
 use crate::agent::{self, AgentName};
+use crate::exit::Failure;
 
 /// Who runs the node's children (`core.cluster`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -66,11 +66,11 @@ pub(crate) struct NodeArgs {
     supervised: bool,
 }
 
-fn agent_builder(app: &str, name: &str) -> capwire::NodeBuilder {
+pub(crate) fn agent_builder(app: &str, name: &str) -> capwire::NodeBuilder {
     Node::builder(app)
         .name(name)
         .capability(agent::capability())
-        .state(AgentName(name.to_owned()))
+        .state(AgentName::new(name))
 }
 
 fn print(v: &Value) {

@@ -1,0 +1,54 @@
+//! `capwire demo` is the README's main command: it must run every step and
+//! exit 0, and a wrong argument must be a usage error, not a panic.
+
+use std::process::Command;
+
+#[test]
+fn the_demo_runs_every_step_and_exits_zero() {
+    let out = Command::new(env!("CARGO_BIN_EXE_capwire"))
+        .args(["demo", "--agents", "3"])
+        .output()
+        .expect("capwire demo starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    for step in 1..=12 {
+        let line = format!("[{step:>2}/12]");
+        let found = stdout
+            .lines()
+            .find(|l| l.starts_with(&line))
+            .unwrap_or_else(|| panic!("no step {step}:\n{stdout}"));
+        assert!(found.contains("... ok ("), "step {step} did not pass: {found}");
+    }
+    for expected in [
+        "a wrong code is refused: bind_failed",
+        "unknown_verb",
+        "unauthorized",
+        "refused, conflict",
+        "agent-1 asked agent-2: \"agent-2: hi from agent-1\"",
+        "app.agent/note ok = 1",
+        "all 12 steps passed",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?}:\n{stdout}");
+    }
+    // The summary shows the node's own decisions, denials included.
+    let decisions = stdout
+        .split("the node's decisions")
+        .nth(1)
+        .expect("a summary table");
+    assert!(decisions.contains("unknown_verb"), "{decisions}");
+    assert!(decisions.contains("core.cluster/create"), "{decisions}");
+}
+
+#[test]
+fn a_bad_agent_count_is_a_usage_error() {
+    for bad in ["0", "1", "17", "many"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_capwire"))
+            .args(["demo", "--agents", bad])
+            .output()
+            .expect("capwire demo starts");
+        assert_eq!(out.status.code(), Some(2), "--agents {bad}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
