@@ -123,6 +123,10 @@ impl Peer {
     /// carries no code; [`CallError::Denied`] with code `bind_failed` (and
     /// the reason in its detail) when the peer refused the bind; otherwise
     /// as [`Peer::request`].
+    ///
+    /// # Cancel safety
+    /// As [`Peer::request`]; a bind the peer has already carried out is not
+    /// undone (its code is then spent).
     pub async fn bind(&self, invite: &Invite) -> Result<BindReply, CallError> {
         if capwire_transport::canonical_node_id(&invite.node_id) != self.id {
             return Err(CallError::InvalidInvite(
@@ -144,8 +148,10 @@ impl Peer {
     /// Exactly one [`CallError`] when there is no result.
     ///
     /// # Cancel safety
-    /// Dropping the future cancels the call: a cancel frame is sent and the
-    /// peer cancels its handler.
+    /// Dropping the future cancels the call: once the request is queued, a
+    /// cancel frame is sent and the peer cancels its handler (a handler
+    /// that already finished is not undone); dropped while it still waits
+    /// for a session or for room in the send queue, nothing is sent.
     pub async fn request<V: RequestVerb>(
         &self,
         verb: V,
@@ -178,11 +184,11 @@ impl Peer {
             .map_err(|e| CallError::BadResult(e.to_string()))
     }
 
-    /// Like [`Peer::request_within`], with a req_id of the caller's
+    /// Like [`Peer::request_within`], with a `req_id` of the caller's
     /// choosing: for control planes that retry a state-changing request
     /// after their own restart (or the peer's) and must be answered the
     /// remembered result rather than have it applied twice. The peer keys
-    /// its answers on (this node, req_id): keep ids unique per verb.
+    /// its answers on (this node, `req_id`): keep ids unique per verb.
     ///
     /// # Errors
     /// As [`Peer::request`]; [`CallError::ReqIdInUse`] when a call with
@@ -220,6 +226,11 @@ impl Peer {
     /// # Errors
     /// No session could be had, the args do not encode, or the queue had
     /// no room within the deadline.
+    ///
+    /// # Cancel safety
+    /// Dropped while it waits for a session or for room in the send queue,
+    /// nothing is sent; once queued, the notification is sent even if the
+    /// future is then dropped. It is never sent twice.
     pub async fn notify<V: NotificationVerb>(
         &self,
         _verb: V,
@@ -235,6 +246,9 @@ impl Peer {
     /// for room in its send queue.
     ///
     /// # Errors
+    /// As [`Peer::notify`].
+    ///
+    /// # Cancel safety
     /// As [`Peer::notify`].
     pub async fn notify_within<V: NotificationVerb>(
         &self,
@@ -334,6 +348,9 @@ impl Peer {
     /// An untyped notification: any `cap` and `verb` text.
     ///
     /// # Errors
+    /// As [`Peer::notify`].
+    ///
+    /// # Cancel safety
     /// As [`Peer::notify`].
     pub async fn notify_raw(
         &self,

@@ -48,7 +48,7 @@ pub enum CallError {
     /// This node is shutting down.
     #[error("the node is shutting down")]
     Shutdown,
-    /// A call with this req_id is already waiting for its answer on this
+    /// A call with this `req_id` is already waiting for its answer on this
     /// session (API misuse with [`Peer::request_with_id`](crate::Peer::request_with_id)).
     #[error("a call with this req_id is already waiting for its answer")]
     ReqIdInUse,

@@ -8,26 +8,49 @@
 //! decoded and its handler runs.
 //!
 //! ```
-//! use capwire::{Capability, HandlerError, Node};
 //! use capwire::manifest::verb;
+//! use capwire::{Capability, HandlerError, Node};
+//! use serde::{Deserialize, Serialize};
 //!
-//! verb! { pub struct Say: request "app.echo" / "say", Bootstrap, String => String; }
-//!
-//! async fn say(text: String) -> Result<String, HandlerError> {
-//!     Ok(format!("echo: {text}"))
+//! // An app's own args type. Its JSON Schema goes into the manifest; it is
+//! // derived through capwire's re-export of schemars, so the app's
+//! // Cargo.toml needs only capwire, tokio and serde.
+//! #[derive(Serialize, Deserialize, capwire::JsonSchema)]
+//! #[schemars(crate = "capwire::schemars")]
+//! struct Greet {
+//!     name: String,
 //! }
+//!
+//! verb! {
+//!     /// Any peer may ask for a greeting.
+//!     struct Hello: request "app.greeter" / "hello", Bootstrap, Greet => String;
+//! }
+//!
+//! async fn hello(args: Greet) -> Result<String, HandlerError> {
+//!     Ok(format!("hello, {}", args.name))
+//! }
+//! # // Nothing but capwire's re-export can serve the derive above: this
+//! # // empty module hides any `schemars` crate the doctest could see.
+//! # mod schemars {}
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let server = Node::builder("echo")
+//! let server = Node::builder("greeter")
 //!     .listen("127.0.0.1:0".parse()?)
-//!     .capability(Capability::new("app.echo", "1.0.0")?.handle(Say, say))
+//!     .capability(Capability::new("app.greeter", "1.0.0")?.handle(Hello, hello))
 //!     .start()
 //!     .await?;
 //! let client = Node::builder("client").start().await?;
 //!
 //! let peer = client.connect(&server.local_addrs()[0], Some(server.id())).await?;
-//! assert_eq!(peer.request(Say, "hi".into()).await?, "echo: hi");
+//! let reply = peer.request(Hello, Greet { name: "world".into() }).await?;
+//! assert_eq!(reply, "hello, world");
+//!
+//! // The peer's manifest (from its hello) carries the derived schema.
+//! let manifest = peer.manifest().expect("a session is up");
+//! let verb = manifest.capability("app.greeter").and_then(|c| c.verb("hello"));
+//! let schema = verb.and_then(|v| v.args_schema.as_deref()).unwrap_or_default();
+//! assert!(schema.contains("\"name\""));
 //!
 //! client.shutdown().await;
 //! server.shutdown().await;
@@ -40,6 +63,65 @@
 //!            decide(): control_auth_class + gate (capwire-authz) ──deny──► error response
 //!                                                        │ permit
 //!                               args decode ─► handler ─► response (runtime-encoded)
+//! ```
+//!
+//! # Custom argument types
+//!
+//! A verb's args and result are any types that implement serde's
+//! `Serialize` and `Deserialize` and [`JsonSchema`]. capwire re-exports the
+//! schema crate it is built with as [`capwire::schemars`](crate::schemars),
+//! so an app derives the trait without a `schemars` dependency of its own
+//! (and cannot pick a mismatched version): derive `capwire::JsonSchema` and
+//! point the derive at the re-export with
+//! `#[schemars(crate = "capwire::schemars")]`, as above. A `use
+//! capwire::schemars;` in the module works too, instead of the attribute.
+//! The [`verb!`](crate::manifest::verb) macro itself names only capwire's
+//! own paths.
+//!
+//! # Binding a node
+//!
+//! [`Controller`](crate::manifest::DeclaredClass::Controller) verbs run
+//! only for the node's bound control plane. The node opens a bind with
+//! [`Node::invite`] (one line of text: its id, addresses and a one-time
+//! code); the control plane connects and presents the code with
+//! [`Peer::bind`] (or does both with [`Node::connect_invite`]). A node may
+//! also narrow what its control plane may call with its own
+//! [`Authorizer`](crate::authz::Authorizer), set with
+//! [`NodeBuilder::authorizer`]; see `examples/authorizer.rs`.
+//!
+//! ```
+//! use capwire::manifest::verb;
+//! use capwire::envelope::ErrorCode;
+//! use capwire::{Capability, HandlerError, Node};
+//!
+//! verb! { struct Reset: request "app.counter" / "reset", Controller, () => u64; }
+//!
+//! async fn reset(_args: ()) -> Result<u64, HandlerError> {
+//!     Ok(0)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let node = Node::builder("counter")
+//!     .listen("127.0.0.1:0".parse()?)
+//!     .capability(Capability::new("app.counter", "1.0.0")?.handle(Reset, reset))
+//!     .start()
+//!     .await?;
+//! let control_plane = Node::builder("control-plane").start().await?;
+//! let peer = control_plane.connect(&node.local_addrs()[0], Some(node.id())).await?;
+//!
+//! // Not bound yet: the controller verb is refused before its handler runs.
+//! let refused = peer.request(Reset, ()).await.unwrap_err();
+//! assert_eq!(refused.code(), Some(&ErrorCode::Unauthorized));
+//!
+//! let invite = node.invite(None)?; // print it; the control plane pastes it
+//! peer.bind(&invite).await?;
+//! assert_eq!(node.controller(), Some(control_plane.id()));
+//! assert_eq!(peer.request(Reset, ()).await?, 0);
+//!
+//! control_plane.shutdown().await;
+//! node.shutdown().await;
+//! # Ok(()) }
 //! ```
 //!
 //! # Threading model
@@ -125,11 +207,19 @@ pub use capwire_transport as transport;
 
 pub use capwire_envelope::NodeId;
 pub use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
+// The schema crate of verb args and results, for apps' own types:
+// `#[derive(capwire::JsonSchema)] #[schemars(crate = "capwire::schemars")]`.
+pub use capwire_manifest::{JsonSchema, schemars};
 
 /// The README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The quickstart proposed for the README, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/quickstart.md")]
+pub struct QuickstartDoctests;
 
 #[cfg(test)]
 mod tests {

@@ -15,7 +15,50 @@ use crate::error::AuthzError;
 /// The gate only asks an authorizer once the sender is known to be the
 /// bound control plane, so an authorizer can narrow what the control plane
 /// may do but never widen it to anyone else. An error or a panic counts as
-/// a refusal.
+/// a refusal. It runs on the connection's task, before any handler: it
+/// should decide quickly, without I/O or waiting.
+///
+/// A capwire node takes one with `NodeBuilder::authorizer` (the
+/// repository's `examples/authorizer.rs` runs one); here it is with the
+/// chokepoint alone:
+///
+/// ```
+/// use capwire_authz::{Authorizer, AuthzError, Binding, Gate, decide};
+/// use capwire_envelope::NodeId;
+/// use capwire_manifest::{MonitoringHandlers, NodeInfo, Registry};
+///
+/// /// The control plane may call every controller verb but `disable`.
+/// struct NoUnbind;
+///
+/// impl Authorizer for NoUnbind {
+///     fn authorize(
+///         &self,
+///         _sender: &NodeId,
+///         cap: &str,
+///         verb: &str,
+///         _binding: &Binding,
+///     ) -> Result<bool, AuthzError> {
+///         Ok((cap, verb) != ("core.monitoring", "disable"))
+///     }
+/// }
+///
+/// let registry = Registry::builder(
+///     NodeInfo::new(NodeId::from_bytes([1; 32]), "demo"),
+///     MonitoringHandlers { bind: "bind", disable: "disable" },
+/// )
+/// .build()?;
+/// let control_plane = NodeId::from_bytes([2; 32]);
+/// let binding = Binding::new(Some(control_plane), 1);
+///
+/// let gate = Gate::new(NoUnbind);
+/// let decision = decide(&registry, &gate, &binding, &control_plane, "core.monitoring", "disable");
+/// let reason = decision.into_result().unwrap_err();
+/// assert_eq!(reason.code_str(), "unauthorized");
+/// assert_eq!(reason.label(), "authorizer_refused");
+/// // Bootstrap verbs never reach the authorizer.
+/// assert!(decide(&registry, &gate, &binding, &control_plane, "core.monitoring", "bind").is_allowed());
+/// # Ok::<(), capwire_manifest::ManifestError>(())
+/// ```
 pub trait Authorizer: Send + Sync {
     /// `Ok(true)` to allow `sender` to call `cap`/`verb` under `binding`.
     ///

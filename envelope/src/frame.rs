@@ -562,7 +562,7 @@ fn write_control(
     out.extend_from_slice(args);
 }
 
-/// Bytes a control frame needs besides its cap, verb, req_id and args (the
+/// Bytes a control frame needs besides its cap, verb, `req_id` and args (the
 /// keys, the type and the headers), at most.
 pub const CONTROL_OVERHEAD: usize = 64;
 

@@ -17,7 +17,10 @@
 //!     VerbDef, Version, verb,
 //! };
 //!
-//! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+//! // The args schema goes into the manifest; derive it through this
+//! // crate's copy of schemars, so the app needs no schemars of its own.
+//! #[derive(serde::Serialize, serde::Deserialize, capwire_manifest::JsonSchema)]
+//! #[schemars(crate = "capwire_manifest::schemars")]
 //! pub struct SayArgs { pub text: String }
 //!
 //! verb! {
@@ -104,6 +107,11 @@ pub use monitoring::{
 };
 pub use registry::{MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo};
 pub use requirement::CapRequirement;
+// The schema crate of `VerbDef::Args` and `Output`, so that an app derives
+// `JsonSchema` without a `schemars` dependency of its own (and at the very
+// version these bounds name).
+pub use schemars;
+pub use schemars::JsonSchema;
 pub use semver::{Version, VersionReq};
 pub use spec::{Capability, VerbSpec};
 pub use tracker::ManifestTracker;

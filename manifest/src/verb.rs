@@ -29,8 +29,27 @@ pub trait VerbDef: 'static {
     /// Who may call it.
     const CLASS: DeclaredClass;
     /// The arguments, carried in the envelope's `args`.
+    ///
+    /// Its [`JsonSchema`] goes into the manifest as the verb's args schema.
+    /// An app's own type derives it through this crate's re-export, with no
+    /// `schemars` dependency of its own:
+    ///
+    /// ```
+    /// #[derive(serde::Serialize, serde::Deserialize, capwire_manifest::JsonSchema)]
+    /// #[schemars(crate = "capwire_manifest::schemars")]
+    /// pub struct Greet { pub name: String }
+    ///
+    /// capwire_manifest::verb! {
+    ///     pub struct Hello: request "app.greeter" / "hello", Bootstrap, Greet => String;
+    /// }
+    /// ```
+    ///
+    /// (Through the `capwire` crate, the same re-export is
+    /// `capwire::JsonSchema` with `#[schemars(crate = "capwire::schemars")]`.)
     type Args: Serialize + DeserializeOwned + JsonSchema + Send + 'static;
-    /// The result of a request; `()` for a notification.
+    /// The result of a request; `()` for a notification. Its
+    /// [`JsonSchema`] is the verb's result schema, derived as for
+    /// [`Args`](Self::Args).
     type Output: Serialize + DeserializeOwned + JsonSchema + Send + 'static;
 }
 
@@ -102,10 +121,20 @@ pub(crate) fn declares_result<V: VerbDef>() -> bool {
 /// Declares a unit struct implementing [`VerbDef`], and [`RequestVerb`] or
 /// [`NotificationVerb`] according to its kind.
 ///
+/// The syntax is
+/// `VIS struct NAME: request "CAP" / "VERB", CLASS, ARGS => OUTPUT;` or
+/// `VIS struct NAME: notification "CAP" / "VERB", CLASS, ARGS;`, where
+/// `CLASS` is a [`DeclaredClass`] variant (`Bootstrap` or `Controller`) and
+/// the types implement serde's traits and [`JsonSchema`](crate::JsonSchema).
+/// The expansion names only `$crate` and `::core` paths, so the macro works
+/// re-exported (`capwire::manifest::verb!`) in a crate that depends on
+/// neither this crate nor `schemars` directly.
+///
 /// ```
 /// use capwire_manifest::{VerbDef, VerbKind, DeclaredClass, verb};
 ///
-/// #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+/// #[derive(serde::Serialize, serde::Deserialize, capwire_manifest::JsonSchema)]
+/// #[schemars(crate = "capwire_manifest::schemars")]
 /// pub struct SayArgs { pub text: String }
 ///
 /// verb! {
@@ -150,17 +179,25 @@ macro_rules! verb {
     (@def [$(#[$meta:meta])*] $vis:vis $name:ident, $cap:literal, $verb:literal, $kind:ident,
         $class:ident, $args:ty, $out:ty) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+        #[derive(
+            ::core::fmt::Debug,
+            ::core::clone::Clone,
+            ::core::marker::Copy,
+            ::core::default::Default,
+            ::core::cmp::PartialEq,
+            ::core::cmp::Eq,
+            ::core::hash::Hash,
+        )]
         $vis struct $name;
 
         const _: () = {
-            assert!(
+            ::core::assert!(
                 $crate::cap_id_is_well_formed($cap),
-                concat!("`", $cap, "` is not a well-formed capability id (`core.*` or `app.*`)")
+                ::core::concat!("`", $cap, "` is not a well-formed capability id (`core.*` or `app.*`)")
             );
-            assert!(
+            ::core::assert!(
                 $crate::verb_is_well_formed($verb),
-                concat!("`", $verb, "` is not a well-formed verb (`[a-z][a-z0-9_]*`)")
+                ::core::concat!("`", $verb, "` is not a well-formed verb (`[a-z][a-z0-9_]*`)")
             );
         };
 

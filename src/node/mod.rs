@@ -174,6 +174,12 @@ impl Node {
     /// # Errors
     /// [`NodeError::State`] when the change could not be written (the node
     /// is then unbound for this run only).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe. The node is unbound at the first poll; dropped
+    /// before the write is done, the binding may still be in the state
+    /// directory and come back after a restart (a second call finds nothing
+    /// to unbind and writes nothing).
     pub async fn unbind(&self) -> Result<Option<NodeId>, NodeError> {
         self.rt
             .core
@@ -216,6 +222,10 @@ impl Node {
     ///
     /// # Errors
     /// The address cannot be bound, or the node is shutting down.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropped before it completes, the node does not listen
+    /// on `addr`.
     pub async fn listen(&self, addr: Addr) -> Result<Addr, NodeError> {
         if self.rt.peers.stopping().is_cancelled() {
             return Err(NodeError::Shutdown);
@@ -283,6 +293,11 @@ impl Node {
     /// # Errors
     /// The dial, the handshake or the hello exchange failed; the peer
     /// refused the session ([`NodeError::Refused`]); the deadline passed.
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops the wait, not a handshake already under
+    /// way: its session may still open, and then stays like any other
+    /// ([`Node::peer`] reaches it).
     pub async fn connect(&self, addr: &Addr, expected: Option<NodeId>) -> Result<Peer, NodeError> {
         let session = dialer::dial(&self.rt.net, addr, expected).await?;
         Ok(self.peer(session.remote()))
@@ -293,7 +308,10 @@ impl Node {
     ///
     /// # Errors
     /// The handshake or the hello exchange failed, or the peer refused the
-    /// session.
+    /// session; the node's connect timeout passed.
+    ///
+    /// # Cancel safety
+    /// As [`Node::connect`].
     pub async fn connect_stream<S>(
         &self,
         stream: S,
@@ -318,6 +336,11 @@ impl Node {
     ///
     /// # Errors
     /// The node is shutting down; the contact could not be written.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropped while the contact is being written, it may
+    /// be stored without being dialled in this run. Calling again with the
+    /// same contact completes it.
     pub async fn add_contact(&self, mut contact: Contact) -> Result<bool, NodeError> {
         if self.rt.peers.stopping().is_cancelled() {
             return Err(NodeError::Shutdown);
@@ -336,6 +359,11 @@ impl Node {
     ///
     /// # Errors
     /// The change could not be written.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropped while the change is being written, the
+    /// contact may be gone from the store but still dialled in this run.
+    /// Calling again completes it.
     pub async fn remove_contact(&self, id: NodeId) -> Result<bool, NodeError> {
         let id = canonical_node_id(&id);
         let durable = self
@@ -356,6 +384,10 @@ impl Node {
     /// [`NodeError::ConnectionLost`] (or the last dial error) when no
     /// address could be reached; the bind's failure as
     /// [`NodeError::Bind`].
+    ///
+    /// # Cancel safety
+    /// As [`Node::connect`] and then [`Peer::bind`]: a session may open, and
+    /// a bind the node has already carried out stays.
     pub async fn connect_invite(
         &self,
         invite: &Invite,
@@ -397,6 +429,9 @@ impl Node {
     ///
     /// # Errors
     /// [`NodeError::Timeout`] when no session came up in time.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
     pub async fn wait_for_peer(&self, id: NodeId, timeout: Duration) -> Result<Peer, NodeError> {
         let id = canonical_node_id(&id);
         self.rt
@@ -408,6 +443,10 @@ impl Node {
     }
 
     /// Runs until `shutdown` resolves, then shuts down gracefully.
+    ///
+    /// # Cancel safety
+    /// Dropped while waiting for `shutdown`, it does nothing (the node runs
+    /// on); dropped later, as [`Node::shutdown`].
     pub async fn run_until<F: Future<Output = ()>>(self, shutdown: F) {
         shutdown.await;
         self.shutdown().await;
@@ -419,6 +458,12 @@ impl Node {
     /// cancels them (their callers get `cancelled`), closes every session
     /// with code `shutdown`, and waits for the node's tasks. It returns
     /// within `shutdown_grace + close_timeout + 350 ms` whatever peers do.
+    /// Calling it again (from any clone) waits for the first call.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the steps above run in the caller's future, so a
+    /// dropped call leaves the node part way (e.g. no longer accepting, its
+    /// sessions still open). Calling it again runs the shutdown to the end.
     pub async fn shutdown(&self) {
         shutdown::shutdown(&self.rt).await;
     }
@@ -430,7 +475,12 @@ impl NodeBuilder {
     /// # Errors
     /// A registry invariant is broken, a handler needs state the node was
     /// not given, a listener cannot bind, the keypair cannot be generated,
-    /// or a limit is invalid.
+    /// the state directory cannot be opened, or a limit is invalid.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a start dropped after its first listener was bound
+    /// leaves that listener accepting, with no [`Node`] to shut it down.
+    /// Drive it to completion (it does not wait for any peer).
     pub async fn start(self) -> Result<Node, NodeError> {
         let (mut parts, listen, contacts) = self.into_parts();
         let (dir, keypair) = (parts.state_dir.clone(), parts.keypair.take());

@@ -265,6 +265,9 @@ impl Connection {
     ///
     /// # Errors
     /// As [`RecordSender::close`].
+    ///
+    /// # Cancel safety
+    /// As [`RecordSender::close`].
     pub async fn close(&self, reason: &str) -> Result<(), TransportError> {
         self.sender.close(reason).await
     }

@@ -149,6 +149,10 @@ impl Endpoint {
     /// or [`handshake_responder`](Self::handshake_responder) fail with
     /// [`TransportError::Closed`] too, but streams handed out in an
     /// [`Established`] belong to the caller and are not waited for.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the shutdown is under way from the first poll; dropping
+    /// the future only stops waiting for the connections to end.
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
         self.inner.tracker.close();
@@ -335,6 +339,10 @@ impl Endpoint {
     ///
     /// The refusal is not authenticated (anyone on the path could forge it),
     /// so it means only "retry later", never anything about who answered.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the stream at once, whether or not the
+    /// refusal was written.
     pub async fn refuse_busy<S>(mut stream: S)
     where
         S: AsyncRead + AsyncWrite + Unpin,

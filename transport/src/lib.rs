@@ -1,4 +1,4 @@
-//! capwire's encrypted channel: Noise_XX_25519_ChaChaPoly_BLAKE2s between
+//! capwire's encrypted channel: `Noise_XX_25519_ChaChaPoly_BLAKE2s` between
 //! two nodes whose identity is their static X25519 key, carrying opaque
 //! records.
 //!
