@@ -94,6 +94,7 @@ pub mod host;
 mod invite;
 mod net;
 mod node;
+pub mod prometheus;
 mod proto;
 mod stats;
 mod store;
