@@ -178,7 +178,9 @@ mod invite;
 pub mod json;
 mod net;
 mod node;
+pub mod prometheus;
 mod proto;
+mod stats;
 mod store;
 mod tap;
 
@@ -194,10 +196,12 @@ pub use dispatch::metrics::{MetricRow, MetricsSnapshot, Outcome};
 pub use error::{CallError, NodeError};
 pub use invite::{Invite, InviteParseError, MAX_INVITE_LEN};
 pub use net::peers::Contact;
+pub use net::session::Direction;
 pub use node::builder::{Capability, NodeBuilder};
 pub use node::handle::NodeHandle;
 pub use node::{ManifestWatch, Node};
 pub use proto::ledger::LedgerSizes;
+pub use stats::{HandshakeFailure, NodeStats};
 pub use store::StoreError;
 
 pub use capwire_authz as authz;

@@ -67,6 +67,10 @@ pub(crate) struct Tap {
     queue: Mutex<Queue>,
     ready: Notify,
     limits: TapLimits,
+    /// Copies sent to the control plane.
+    sent: AtomicU64,
+    /// Copies taken (their sequence number used) but never sent.
+    dropped: AtomicU64,
 }
 
 /// Milliseconds since the Unix epoch, by the wall clock.
@@ -101,6 +105,8 @@ impl Tap {
             queue: Mutex::new(Queue::default()),
             ready: Notify::new(),
             limits,
+            sent: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
         }
     }
 
@@ -109,6 +115,7 @@ impl Tap {
     pub(crate) fn set_controller(&self, controller: Option<NodeId>) {
         let mut q = lock(&self.queue);
         if q.controller != controller {
+            self.count_dropped(q.items.len());
             q.items.clear();
             q.bytes = 0;
             q.base = self.seq.load(Ordering::Relaxed);
@@ -150,6 +157,8 @@ impl Tap {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         if q.items.len() >= self.limits.max_len || q.bytes + frame.len() > self.limits.max_bytes {
             // Dropped: `seq` is used, so the next delivered copy shows it.
+            drop(q);
+            self.count_dropped(1);
             return;
         }
         q.bytes += frame.len();
@@ -181,9 +190,26 @@ impl Tap {
     }
 
     /// Copies waiting.
-    #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {
         lock(&self.queue).items.len()
+    }
+
+    /// A copy reached the control plane's session.
+    pub(crate) fn count_sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` copies were given up.
+    pub(crate) fn count_dropped(&self, n: usize) {
+        self.dropped.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Copies (sent, dropped) so far.
+    pub(crate) fn copies(&self) -> (u64, u64) {
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.dropped.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -227,12 +253,16 @@ mod tests {
             t.record(Way::In, &other, &frame);
         }
         assert_eq!(t.queued(), 2);
+        assert_eq!(t.copies(), (0, 3));
         assert_eq!(t.pop().unwrap().2.seq, 1);
         assert_eq!(t.pop().unwrap().2.seq, 2);
         t.record(Way::In, &other, &frame);
         // Seqs 3 to 5 were dropped: the next copy is 6.
         assert_eq!(t.pop().unwrap().2.seq, 6);
+        t.record(Way::In, &other, &frame);
+        // Unbinding gives up what was waiting.
         t.set_controller(None);
+        assert_eq!(t.copies(), (0, 4));
         t.record(Way::In, &other, &frame);
         assert!(t.pop().is_none());
     }

@@ -185,6 +185,7 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
         // A copy taken for a control plane that is no longer bound is not
         // sent to it.
         if core.control.binding().controller() != Some(&cp) {
+            core.tap.count_dropped(1);
             continue;
         }
         let previous = match last {
@@ -193,14 +194,21 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
         };
         let dropped = item.seq.saturating_sub(previous).saturating_sub(1);
         let Some(record) = copy_of(&item, dropped, core.limits.copy_body_max) else {
+            core.tap.count_dropped(1);
             continue;
         };
         let peer = core.handle.peer(cp);
         tokio::select! {
             () = stop.cancelled() => return,
             sent = peer.notify_within(MonitoringCopy, record, COPY_DEADLINE) => match sent {
-                Ok(()) => last = Some((cp, item.seq)),
-                Err(e) => tracing::debug!(error = %e, seq = item.seq, "monitoring copy dropped"),
+                Ok(()) => {
+                    core.tap.count_sent();
+                    last = Some((cp, item.seq));
+                }
+                Err(e) => {
+                    core.tap.count_dropped(1);
+                    tracing::debug!(error = %e, seq = item.seq, "monitoring copy dropped");
+                }
             },
         }
     }

@@ -93,7 +93,7 @@ pub struct MetricRow {
 }
 
 /// A copy of the node's counters at one moment.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MetricsSnapshot {
     /// Every non-zero counter, sorted.
     pub rows: Vec<MetricRow>,

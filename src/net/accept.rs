@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
+use crate::stats::HandshakeFailure;
+
 /// Refusals in progress at once (each lasts at most a quarter second);
 /// beyond, a refused stream gets its "busy" bytes without the wait.
 const MAX_REFUSALS: usize = 1024;
@@ -102,13 +104,16 @@ impl AcceptGate {
     }
 
     /// Whether a connection from `source` passes the rate and the
-    /// per-source bound; its place among the source's handshakes, if so.
-    pub(crate) fn admit(self: &Arc<Self>, source: Option<IpAddr>) -> Option<SourceGuard> {
-        if self.allow_rate() {
-            self.enter(source)
-        } else {
-            None
+    /// per-source bound: its place among the source's handshakes if so,
+    /// else which bound refused it.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        source: Option<IpAddr>,
+    ) -> Result<SourceGuard, HandshakeFailure> {
+        if !self.allow_rate() {
+            return Err(HandshakeFailure::RateLimited);
         }
+        self.enter(source).ok_or(HandshakeFailure::PerSource)
     }
 
     fn allow_rate(&self) -> bool {

@@ -42,6 +42,7 @@ use crate::dispatch::{Dispatcher, Job};
 use crate::net::io::{Reader, Writer};
 use crate::net::session::{Session, Waiter};
 use crate::proto::session::{End, Event, Ticket};
+use crate::stats::{HandshakeFailure, NetCounters, OpenSession};
 
 /// A fresh read buffer, for a quiet session.
 const READ_SMALL: usize = 4 * 1024;
@@ -92,6 +93,8 @@ pub(crate) struct ConnEnv {
     /// Cancelled when the node shuts down: every session, open or not
     /// yet, closes with `shutdown`.
     pub(crate) close_all: CancellationToken,
+    /// Sessions open, and connections that never opened.
+    pub(crate) stats: Arc<NetCounters>,
 }
 
 /// Why an outbound session did not open.
@@ -145,6 +148,7 @@ pub(crate) async fn drive<G: Send + 'static>(
         pending_leftover: true,
         failed: false,
         opened,
+        open: None,
     };
     poll_fn(|cx| d.poll_drive(cx)).await;
     d.finish();
@@ -180,6 +184,8 @@ struct Driver {
     pending_leftover: bool,
     failed: bool,
     opened: Option<OpenedTx>,
+    /// The session's place in the open-sessions gauge, once it opened.
+    open: Option<OpenSession>,
 }
 
 impl Driver {
@@ -457,6 +463,9 @@ impl Driver {
     }
 
     fn opened(&mut self) {
+        if self.open.is_none() {
+            self.open = Some(self.env.stats.opened(self.session.direction()));
+        }
         let winner = self.env.hooks.opened(&self.session);
         if !Arc::ptr_eq(&winner, &self.session) {
             self.session.lock().close(
@@ -714,6 +723,11 @@ impl Driver {
                 Some(e) => e.clone(),
                 None => End::Lost("the connection ended".into()),
             };
+            if self.open.is_none()
+                && let Some(reason) = HandshakeFailure::of_end(&why)
+            {
+                self.env.stats.failed(self.session.direction(), reason);
+            }
             let waiters: Vec<Waiter> = core.end(why);
             while let Some(e) = core.poll_event() {
                 self.events.push(e);
@@ -732,6 +746,7 @@ impl Driver {
             }
         }
         self.session.mark_ended();
+        self.open = None;
         self.env.hooks.ended(&self.session);
         if let Some(tx) = self.opened.take() {
             let why = self

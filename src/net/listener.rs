@@ -88,24 +88,27 @@ pub(crate) async fn accept_loop<A: Acceptor>(net: Arc<Net>, listener: A) {
                 continue;
             }
         };
-        let guard = gate.admit(source);
-        let Some(guard) = guard else {
-            drop(permit);
-            tracing::debug!(
-                ?source,
-                "connection refused: accept rate or per-source bound"
-            );
-            net.metrics_refused();
-            match gate.refusal_slot() {
-                Some(slot) => {
-                    net.tracker.spawn(async move {
-                        capwire_transport::Endpoint::refuse_busy(stream).await;
-                        drop(slot);
-                    });
+        let guard = match gate.admit(source) {
+            Ok(guard) => guard,
+            Err(reason) => {
+                drop(permit);
+                tracing::debug!(
+                    ?source,
+                    %reason,
+                    "connection refused: accept rate or per-source bound"
+                );
+                net.metrics_refused(reason);
+                match gate.refusal_slot() {
+                    Some(slot) => {
+                        net.tracker.spawn(async move {
+                            capwire_transport::Endpoint::refuse_busy(stream).await;
+                            drop(slot);
+                        });
+                    }
+                    None => A::refuse_now(stream),
                 }
-                None => A::refuse_now(stream),
+                continue;
             }
-            continue;
         };
         let net2 = net.clone();
         net.tracker.spawn(async move {

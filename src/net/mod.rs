@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 use crate::dispatch::Dispatcher;
 use crate::error::NodeError;
 use crate::proto::session::{End, SessionCore, SessionLimits};
+use crate::stats::HandshakeFailure;
 use accept::AcceptGate;
 use conn::{ConnEnv, Failure};
 use peers::Peers;
@@ -75,9 +76,11 @@ fn open_error(end: End) -> NodeError {
 }
 
 impl Net {
-    pub(crate) fn metrics_refused(&self) {
+    /// Counts an inbound connection refused before its handshake.
+    pub(crate) fn metrics_refused(&self, reason: HandshakeFailure) {
         self.refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.env.stats.failed(Direction::Inbound, reason);
     }
 
     /// Serves one accepted stream: handshake, then the session. `hold`
@@ -89,16 +92,22 @@ impl Net {
         H: Send,
     {
         let stop = self.peers.stopping().clone();
+        let counting = self.env.stats.handshaking(Direction::Inbound);
         // Boxed, so that the handshake's state is freed once it is done
         // instead of sitting in the session task for the session's life.
         let handshake = tokio::select! {
             () = stop.cancelled() => return,
             r = Box::pin(self.endpoint.handshake_responder(stream)) => r,
         };
-        drop(hold);
+        drop((hold, counting));
         match handshake {
             Ok(est) => self.run_session(est, Direction::Inbound, None).await,
-            Err(e) => tracing::debug!(error = %e, "inbound handshake failed"),
+            Err(e) => {
+                if !stop.is_cancelled() {
+                    self.env.stats.handshake_failed(Direction::Inbound, &e);
+                }
+                tracing::debug!(error = %e, "inbound handshake failed");
+            }
         }
     }
 
@@ -171,13 +180,18 @@ impl Net {
         let (tx, rx) = oneshot::channel();
         let net = self.clone();
         self.tracker.spawn(async move {
+            let counting = net.env.stats.handshaking(Direction::Outbound);
             let handshake = tokio::select! {
                 () = stop.cancelled() => Err(TransportError::Closed),
                 r = Box::pin(net.endpoint.handshake_initiator(stream, expected)) => r,
             };
+            drop(counting);
             match handshake {
                 Ok(est) => net.run_session(est, Direction::Outbound, Some(tx)).await,
                 Err(e) => {
+                    if !stop.is_cancelled() {
+                        net.env.stats.handshake_failed(Direction::Outbound, &e);
+                    }
                     let _ = tx.send(Err(Failure::Handshake(e)));
                 }
             }

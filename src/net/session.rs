@@ -43,9 +43,9 @@ const DIRECT_SPACING: Duration = Duration::from_micros(20);
 /// run before it returns.
 const YIELD_BACKLOG: usize = 64 * 1024;
 
-/// Which side dialled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Direction {
+/// Which side dialled a session (or tried to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
     /// The peer dialled us.
     Inbound,
     /// We dialled the peer.

@@ -26,7 +26,9 @@ use crate::invite::Invite;
 use crate::net::dialer;
 use crate::net::listener::accept_loop;
 use crate::net::peers::Contact;
+use crate::net::session::Direction;
 use crate::proto::ledger::LedgerSizes;
+use crate::stats::{HandshakeFailure, NodeStats};
 use builder::NodeBuilder;
 use handle::NodeHandle;
 use runtime::Runtime;
@@ -73,6 +75,40 @@ impl Node {
     /// A copy of the per (cap, verb, outcome) counters.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.rt.dispatcher.metrics().snapshot()
+    }
+
+    /// A copy of the node's counters and gauges: the per (cap, verb,
+    /// outcome) counters of [`metrics`](Self::metrics), sessions and
+    /// handshakes by direction, connections that did not become a session
+    /// by reason, the replay ledger's sizes, queue depths and monitoring
+    /// copies. Cheap enough to call on every scrape: it takes each
+    /// session's lock once, briefly.
+    pub fn stats(&self) -> NodeStats {
+        let limits = &self.rt.limits;
+        let tap = self.rt.peers.tap();
+        let (copies_sent, copies_dropped) = tap.copies();
+        let mut stats = NodeStats {
+            calls: self.metrics(),
+            budget_used: self.rt.peers.budget_use(),
+            budget_limits: (
+                limits.max_inbound_sessions,
+                limits.max_outbound_sessions,
+                limits.reserved_sessions,
+            ),
+            ledger: self.ledger_sizes(),
+            copies_sent,
+            copies_dropped,
+            copies_queued: tap.queued(),
+            ..NodeStats::default()
+        };
+        self.rt.net.env.stats.read_into(&mut stats);
+        for session in self.rt.peers.sessions() {
+            let core = session.lock();
+            stats.pending_calls += core.pending_calls();
+            stats.inflight += core.inflight();
+            stats.queued_bytes += core.queued_bytes();
+        }
+        stats
     }
 
     /// The control plane this node is bound to, if any.
@@ -275,6 +311,9 @@ impl Node {
         let net = self.rt.net.clone();
         let Ok(permit) = net.accept.try_permit() else {
             tracing::debug!("inbound stream refused: too many handshakes in progress");
+            net.env
+                .stats
+                .failed(Direction::Inbound, HandshakeFailure::Capacity);
             self.rt
                 .tracker
                 .spawn(async move { capwire_transport::Endpoint::refuse_busy(stream).await });

@@ -313,6 +313,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             close_timeout: limits.close_timeout,
         },
         close_all: CancellationToken::new(),
+        stats: Arc::default(),
     });
     let net = Arc::new(Net {
         endpoint,
