@@ -220,11 +220,6 @@ pub use capwire_manifest::{JsonSchema, schemars};
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-/// The quickstart proposed for the README, compiled and run as a doctest.
-#[cfg(doctest)]
-#[doc = include_str!("../docs/quickstart.md")]
-pub struct QuickstartDoctests;
-
 #[cfg(test)]
 mod tests {
     fn send_sync<T: Send + Sync>() {}

@@ -18,7 +18,10 @@ fn the_demo_runs_every_step_and_exits_zero() {
             .lines()
             .find(|l| l.starts_with(&line))
             .unwrap_or_else(|| panic!("no step {step}:\n{stdout}"));
-        assert!(found.contains("... ok ("), "step {step} did not pass: {found}");
+        assert!(
+            found.contains("... ok ("),
+            "step {step} did not pass: {found}"
+        );
     }
     for expected in [
         "a wrong code is refused: bind_failed",

@@ -400,17 +400,31 @@ impl RawPeer {
             .expect("the node sends its hello")
             .unwrap()
             .expect("a hello, not the end of the session");
-        let FrameRef::Hello(hello) = decode_frame(&first).unwrap() else {
-            panic!("the first frame must be a hello");
+        // A node that refuses our hello may close before its own hello went
+        // out (WIRE.md 4.2): the close is then the first frame.
+        let mut unread = VecDeque::new();
+        let node_manifest = match decode_frame(&first).unwrap() {
+            FrameRef::Hello(hello) => {
+                let m: Manifest = hello.decode_manifest().unwrap();
+                assert_eq!(m.node_id, node);
+                m
+            }
+            other => {
+                let frame = other.to_frame().unwrap();
+                assert!(
+                    matches!(frame, Frame::Close(_)),
+                    "the first frame must be a hello or a close: {frame:?}"
+                );
+                unread.push_back(frame);
+                bare_manifest(node)
+            }
         };
-        let node_manifest: Manifest = hello.decode_manifest().unwrap();
-        assert_eq!(node_manifest.node_id, node);
         Self {
             id,
             node_manifest,
             sender,
             receiver,
-            unread: VecDeque::new(),
+            unread,
             received: Vec::new(),
             ended: false,
             _endpoint: endpoint,

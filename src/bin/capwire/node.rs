@@ -40,6 +40,10 @@ pub(crate) struct NodeArgs {
     /// repeated. Default: tcp://127.0.0.1:0 (a free port).
     #[arg(long, value_name = "ADDR")]
     listen: Vec<Addr>,
+    /// Serve metrics in the Prometheus text format at
+    /// http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// The node's name (also how its `app.agent/echo` signs answers).
     #[arg(long, default_value = "capwire-node")]
     name: String,
@@ -119,6 +123,17 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
         .start()
         .await
         .map_err(|e| Failure::failed(format!("the node did not start: {e}")))?;
+    let metrics = match args.metrics {
+        Some(addr) => Some(
+            capwire::prometheus::MetricsServer::bind(addr, node.clone())
+                .await
+                .map_err(|e| Failure::failed(format!("cannot serve metrics on {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    let metrics_addr = metrics
+        .as_ref()
+        .map(|m| format!("http://{}/metrics", m.local_addr()));
     let invite = if !args.no_invite && !args.supervised && node.controller().is_none() {
         Some(
             node.invite(args.expect)
@@ -145,11 +160,15 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
                 "node_id": node.id().to_string(),
                 "addrs": addrs,
                 "invite": invite.as_ref().map(ToString::to_string),
+                "metrics": metrics_addr,
             }));
         } else {
             println!("node      {}", node.id());
             for a in &addrs {
                 println!("listening {a}");
+            }
+            if let Some(m) = &metrics_addr {
+                println!("metrics   {m}");
             }
             if let Some(i) = &invite {
                 println!("invite    {i}");
