@@ -69,7 +69,8 @@ impl Book {
     fn save(&self) -> Result<(), Failure> {
         let temp = self.dir.join(TEMP);
         let path = self.dir.join(FILE);
-        let fail = |e: std::io::Error| Failure::failed(format!("cannot write {}: {e}", path.display()));
+        let fail =
+            |e: std::io::Error| Failure::failed(format!("cannot write {}: {e}", path.display()));
         let text = serde_json::to_vec_pretty(self).map_err(|e| Failure::failed(e.to_string()))?;
         let _ = fs::remove_file(&temp);
         let mut file = OpenOptions::new()
@@ -78,7 +79,9 @@ impl Book {
             .mode(0o600)
             .open(&temp)
             .map_err(fail)?;
-        file.write_all(&text).and_then(|()| file.sync_all()).map_err(fail)?;
+        file.write_all(&text)
+            .and_then(|()| file.sync_all())
+            .map_err(fail)?;
         fs::rename(&temp, &path).map_err(fail)
     }
 

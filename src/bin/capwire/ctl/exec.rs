@@ -99,7 +99,10 @@ impl Ctx {
                 Err(_) => {
                     last = Failure::new(
                         UNREACHABLE,
-                        format!("cannot reach {} at {addr}: no session within the timeout", entry.name),
+                        format!(
+                            "cannot reach {} at {addr}: no session within the timeout",
+                            entry.name
+                        ),
                     );
                 }
             }
@@ -177,8 +180,8 @@ impl Ctx {
                 let entry = self.book().resolve(&peer)?;
                 let session = self.reach(&entry, timeout).await?;
                 if notify {
-                    let cbor =
-                        json_to_cbor(&args).map_err(|e| Failure::usage(format!("bad args: {e}")))?;
+                    let cbor = json_to_cbor(&args)
+                        .map_err(|e| Failure::usage(format!("bad args: {e}")))?;
                     session
                         .notify_raw(&cap, &verb, &cbor)
                         .await
@@ -206,15 +209,29 @@ impl Ctx {
                 let entry = self.book().resolve(&peer)?;
                 let session = self.reach(&entry, timeout).await?;
                 let reply = self
-                    .call(&session, &entry.name, "core.monitoring", "status", &json!({}), timeout)
+                    .call(
+                        &session,
+                        &entry.name,
+                        "core.monitoring",
+                        "status",
+                        &json!({}),
+                        timeout,
+                    )
                     .await?;
                 emit(out, tagged("status", &entry.name, reply)).await
             }
             CtlCommand::Disable { peer } => {
                 let entry = self.book().resolve(&peer)?;
                 let session = self.reach(&entry, timeout).await?;
-                self.call(&session, &entry.name, "core.monitoring", "disable", &json!({}), timeout)
-                    .await?;
+                self.call(
+                    &session,
+                    &entry.name,
+                    "core.monitoring",
+                    "disable",
+                    &json!({}),
+                    timeout,
+                )
+                .await?;
                 let message = format!("{} is no longer bound to this control plane", entry.name);
                 emit(out, json!({"kind": "done", "message": message})).await
             }
@@ -229,7 +246,14 @@ impl Ctx {
                 match op {
                     ConfigOp::Get => {
                         let reply = self
-                            .call(&session, &entry.name, "core.configuration", "get_config", &json!({}), timeout)
+                            .call(
+                                &session,
+                                &entry.name,
+                                "core.configuration",
+                                "get_config",
+                                &json!({}),
+                                timeout,
+                            )
                             .await?;
                         emit(out, tagged("config", &entry.name, reply)).await
                     }
@@ -241,7 +265,14 @@ impl Ctx {
                             args["if_version"] = json!(v);
                         }
                         let reply = self
-                            .call(&session, &entry.name, "core.configuration", "set_config", &args, timeout)
+                            .call(
+                                &session,
+                                &entry.name,
+                                "core.configuration",
+                                "set_config",
+                                &args,
+                                timeout,
+                            )
                             .await?;
                         emit(out, tagged("config_set", &entry.name, reply)).await
                     }
@@ -325,9 +356,18 @@ impl Ctx {
             .map_or_else(|| child.to_owned(), |m| m.cid.clone()))
     }
 
-    async fn roster(&self, parent: &Entry, session: &Peer, timeout: Duration) -> Result<Roster, Failure> {
+    async fn roster(
+        &self,
+        parent: &Entry,
+        session: &Peer,
+        timeout: Duration,
+    ) -> Result<Roster, Failure> {
         let reply = session
-            .request_within(capwire::manifest::ClusterList, capwire::manifest::NoArgs {}, timeout)
+            .request_within(
+                capwire::manifest::ClusterList,
+                capwire::manifest::NoArgs {},
+                timeout,
+            )
             .await
             .map_err(|e| Failure::call(&format!("{} core.cluster/list", parent.name), &e))?;
         Ok(reply)
@@ -365,13 +405,19 @@ impl Ctx {
                     .book()
                     .peers
                     .iter()
-                    .filter(|p| p.parent.as_deref() == Some(&parent.name) && p.cid.as_deref() == Some(&cid))
+                    .filter(|p| {
+                        p.parent.as_deref() == Some(&parent.name) && p.cid.as_deref() == Some(&cid)
+                    })
                     .map(|p| p.node_id)
                     .collect();
                 for id in gone {
                     self.book().remove(id)?;
                 }
-                emit(out, json!({"kind": "done", "message": format!("removed {cid}")})).await
+                emit(
+                    out,
+                    json!({"kind": "done", "message": format!("removed {cid}")}),
+                )
+                .await
             }
             ClusterOp::SetBio { child, bio } => {
                 let cid = self.cid(parent, session, &child, timeout).await?;
@@ -389,7 +435,8 @@ impl Ctx {
                 let mut member =
                     call("set_monitoring", json!({"cid": cid, "enabled": enabled})).await?;
                 if enabled {
-                    self.bind_child(parent, session, &cid, &member, timeout).await?;
+                    self.bind_child(parent, session, &cid, &member, timeout)
+                        .await?;
                     // Bound now: the roster says `on`.
                     let roster = self.roster(parent, session, timeout).await?;
                     if let Some(m) = roster.members.iter().find(|m| m.cid == cid) {
@@ -424,7 +471,14 @@ impl Ctx {
         timeout: Duration,
     ) -> Result<(), Failure> {
         let contact = self
-            .call(session, &parent.name, "core.cluster", "contact", &json!({"cid": cid}), timeout)
+            .call(
+                session,
+                &parent.name,
+                "core.cluster",
+                "contact",
+                &json!({"cid": cid}),
+                timeout,
+            )
             .await?;
         let invite: Invite = contact["invite"]
             .as_str()

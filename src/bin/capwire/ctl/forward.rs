@@ -39,7 +39,10 @@ pub(crate) fn serve(ctx: Arc<Ctx>) {
     let listener = match UnixListener::bind(&path) {
         Ok(l) => l,
         Err(e) => {
-            tracing::warn!("cannot serve other ctl processes at {}: {e}", path.display());
+            tracing::warn!(
+                "cannot serve other ctl processes at {}: {e}",
+                path.display()
+            );
             return;
         }
     };
@@ -84,7 +87,13 @@ async fn handle(ctx: &Ctx, stream: UnixStream) {
         Ok(r) => r,
         Err(e) => {
             let _ = write
-                .write_all(format!("{}\n", json!({"exit": 2, "error": format!("bad request: {e}")})).as_bytes())
+                .write_all(
+                    format!(
+                        "{}\n",
+                        json!({"exit": 2, "error": format!("bad request: {e}")})
+                    )
+                    .as_bytes(),
+                )
                 .await;
             return;
         }
@@ -96,17 +105,17 @@ async fn handle(ctx: &Ctx, stream: UnixStream) {
         let run = ctx.exec(request.command, timeout, &tx);
         tokio::pin!(run);
         loop {
-        tokio::select! {
-            result = &mut run => break result,
-            Some(record) = rx.recv(), if alive => {
-                let line = format!("{}\n", json!({"record": record}));
-                // The client went away: stop the command with it.
-                if write.write_all(line.as_bytes()).await.is_err() {
-                    alive = false;
-                    rx.close();
+            tokio::select! {
+                result = &mut run => break result,
+                Some(record) = rx.recv(), if alive => {
+                    let line = format!("{}\n", json!({"record": record}));
+                    // The client went away: stop the command with it.
+                    if write.write_all(line.as_bytes()).await.is_err() {
+                        alive = false;
+                        rx.close();
+                    }
                 }
             }
-        }
         }
     };
     drop(tx);

@@ -35,7 +35,12 @@ pub(crate) use exec::Ctx;
 pub(crate) struct CtlArgs {
     /// The control plane's state directory: its identity and the nodes it
     /// bound. Default: $CAPWIRE_CTL_STATE, else ~/.capwire/ctl.
-    #[arg(long = "state", value_name = "DIR", env = "CAPWIRE_CTL_STATE", global = true)]
+    #[arg(
+        long = "state",
+        value_name = "DIR",
+        env = "CAPWIRE_CTL_STATE",
+        global = true
+    )]
     state_dir: Option<PathBuf>,
     /// Print one JSON object a line instead of text for people.
     #[arg(long, global = true)]

@@ -101,7 +101,9 @@ impl View {
                     if let Some(verbs) = self.manifests.get(&node) {
                         let denied = match verbs.get(&(key.1.clone(), key.2.clone())) {
                             None => true,
-                            Some(class) => class == "controller" && r["peer_id"].as_str() != Some(&self.me),
+                            Some(class) => {
+                                class == "controller" && r["peer_id"].as_str() != Some(&self.me)
+                            }
                         };
                         if denied {
                             counts.denied += 1;
