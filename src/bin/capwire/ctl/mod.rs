@@ -4,12 +4,13 @@
 //!
 //! Only one process at a time can own a state directory (its store is
 //! locked), yet a `ctl watch` or `ctl top` runs for long while other
-//! commands are typed in another terminal. So the owner also listens on
-//! `ctl.sock` in the (owner-only) state directory, and a `ctl` that finds
-//! the directory in use hands its command to the owner over that socket
-//! and prints what comes back: the same records, the same exit code, and
-//! the same session with each node (a second session with the same key
-//! would replace the owner's).
+//! commands are typed in another terminal. So such an owner also listens
+//! on `ctl.sock` in the (owner-only) state directory, and a `ctl` that
+//! finds the directory in use hands its command to the owner over that
+//! socket and prints what comes back: the same records, the same exit
+//! code, and the same session with each node (a second session with the
+//! same key would replace the owner's). A directory held by a one-shot
+//! command is waited for: it is free again in a moment.
 
 mod book;
 mod exec;
@@ -277,18 +278,57 @@ fn state_dir(args: &CtlArgs) -> Result<PathBuf, Failure> {
     }
 }
 
+/// How long a `ctl` waits, at least, for a state directory that another
+/// one-shot command holds.
+const WAIT_FOR_STATE: Duration = Duration::from_secs(3);
+/// How often it looks.
+const RETRY_STATE: Duration = Duration::from_millis(50);
+
+/// The state directory `dir`, opened here, or the socket of the `ctl`
+/// that owns it; with `serve`, this process serves the others while it
+/// runs. A directory held by a command that does not serve is waited for
+/// (up to `wait`, or [`WAIT_FOR_STATE`]).
+async fn open(
+    dir: &std::path::Path,
+    serve: bool,
+    wait: Duration,
+) -> Result<(Backend, Option<forward::Server>), Failure> {
+    let deadline = tokio::time::Instant::now() + wait.max(WAIT_FOR_STATE);
+    loop {
+        match Ctx::open(dir).await {
+            Ok(ctx) => {
+                let ctx = Arc::new(ctx);
+                let server = if serve {
+                    forward::serve(Arc::clone(&ctx))
+                } else {
+                    None
+                };
+                return Ok((Backend::Local(ctx), server));
+            }
+            Err(exec::OpenError::InUse) => {
+                let socket = forward::socket_path(dir);
+                if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+                    return Ok((Backend::Remote(socket), None));
+                }
+            }
+            Err(exec::OpenError::Failed(f)) => return Err(f),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Failure::failed(format!(
+                "the control plane's state directory {} is in use by another process (a ctl \
+                 command that is still running?)",
+                dir.display()
+            )));
+        }
+        tokio::time::sleep(RETRY_STATE).await;
+    }
+}
+
 /// `capwire ctl ...`.
 pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
     let dir = state_dir(&args)?;
-    let backend = match Ctx::open(&dir).await {
-        Ok(ctx) => {
-            let ctx = Arc::new(ctx);
-            forward::serve(Arc::clone(&ctx));
-            Backend::Local(ctx)
-        }
-        Err(exec::OpenError::InUse) => Backend::Remote(forward::socket_path(&dir)),
-        Err(exec::OpenError::Failed(f)) => return Err(f),
-    };
+    let serve = matches!(args.command, CtlCommand::Watch | CtlCommand::Top { .. });
+    let (backend, server) = open(&dir, serve, args.timeout).await?;
     let result = match args.command {
         CtlCommand::Top { copies } => top::run(&backend, args.timeout, copies).await,
         command => {
@@ -301,12 +341,20 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
                 }
             };
             if long_running {
-                tokio::select! {
-                    () = printing => {}
-                    () = crate::node::wait_for_signal() => {}
+                // The records end when the command does (a watch handed to
+                // another ctl ends when that one stops).
+                let ended = tokio::select! {
+                    () = printing => true,
+                    () = crate::node::wait_for_signal() => false,
+                };
+                if ended {
+                    done.await.unwrap_or_else(|e| {
+                        Err(Failure::failed(format!("the command failed: {e}")))
+                    })
+                } else {
+                    done.abort();
+                    Ok(())
                 }
-                done.abort();
-                Ok(())
             } else {
                 printing.await;
                 done.await
@@ -315,6 +363,9 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
         }
     };
     if let Backend::Local(ctx) = backend {
+        if let Some(server) = server {
+            server.close(args.timeout).await;
+        }
         ctx.close().await;
     }
     result
