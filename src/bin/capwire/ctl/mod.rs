@@ -122,11 +122,13 @@ pub(crate) enum CtlCommand {
         #[command(subcommand)]
         op: ConfigOp,
     },
-    /// Prints roster changes and monitoring copies from every bound node as
-    /// they arrive, until interrupted.
+    /// Prints roster changes and monitoring copies from every bound node,
+    /// and the calls this control plane makes (the commands other ctl
+    /// processes hand to it included), as they arrive, until interrupted.
     Watch,
     /// A live view of the cluster: members and their monitoring, calls and
-    /// denials per verb, recent monitoring copies. q or Ctrl-C quits.
+    /// denials per verb, the calls made from here, recent monitoring
+    /// copies. q or Ctrl-C quits.
     Top {
         /// How many recent copies to show.
         #[arg(long, default_value_t = 12)]
@@ -371,7 +373,7 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
     result
 }
 
-/// Parses `500ms`, `10s`, `2m`, `1h` (a bare number is seconds).
+/// Parses `500ms`, `10s`, `2m`, `1h` (a bare number is seconds); not 0.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -388,5 +390,30 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         other => return Err(format!("unknown unit {other:?} (ms, s, m, h)")),
     };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))
+    let duration =
+        Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))?;
+    if duration.is_zero() {
+        return Err("a timeout of 0 lets nothing finish; give more (e.g. 500ms)".into());
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration(" 7 "), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in [
+            "", "s", "5x", "-1s", "1.2.3s", "nan", "inf", "1e400", "0", "0ms",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} is refused");
+        }
+    }
 }
