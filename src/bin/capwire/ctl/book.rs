@@ -105,25 +105,34 @@ impl Book {
         self.save().map(|()| true)
     }
 
-    /// The node `spec` names: an invite (`capwire://...`), a name in the
-    /// book, or a key of a node in the book.
+    /// The node `spec` names: an invite (`capwire://...`; its addresses
+    /// come first), a name in the book, or a key of a node in the book.
     pub(crate) fn resolve(&self, spec: &str) -> Result<Entry, Failure> {
         if spec.contains("://") || spec.contains('@') {
             let invite: Invite = spec
                 .parse()
                 .map_err(|e| Failure::usage(format!("{spec:?} is not an invite: {e}")))?;
-            return Ok(self
-                .peers
-                .iter()
-                .find(|p| p.node_id == invite.node_id)
-                .cloned()
-                .unwrap_or(Entry {
+            let mut addrs: Vec<String> = invite.addrs.iter().map(ToString::to_string).collect();
+            let Some(known) = self.peers.iter().find(|p| p.node_id == invite.node_id) else {
+                return Ok(Entry {
                     name: short(&invite.node_id),
                     node_id: invite.node_id,
-                    addrs: invite.addrs.iter().map(ToString::to_string).collect(),
+                    addrs,
                     parent: None,
                     cid: None,
-                }));
+                });
+            };
+            // A node in the book: where the invite says it is now, then
+            // where the book says.
+            for a in &known.addrs {
+                if !addrs.contains(a) {
+                    addrs.push(a.clone());
+                }
+            }
+            return Ok(Entry {
+                addrs,
+                ..known.clone()
+            });
         }
         if let Some(p) = self.peers.iter().find(|p| p.name == spec) {
             return Ok(p.clone());

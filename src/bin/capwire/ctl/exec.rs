@@ -2,17 +2,23 @@
 //! command reports JSON records (a `kind` and its fields) on a channel;
 //! `render` turns them into text for people, `--json` prints them as they
 //! are, and a forwarded command sends them down the socket.
+//!
+//! Every call the control plane makes, whichever process asked for it, is
+//! also told to the running `watch` commands as a `call` record: a node's
+//! monitoring copies leave out its control plane's own frames, so this is
+//! how a `watch` (or `top`) sees what is done through it.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use capwire::envelope::RawValue;
 use capwire::json::{cbor_to_json, json_to_cbor};
 use capwire::manifest::{CopyRecord, Manifest, Member, Roster};
-use capwire::{ControlEvent, Invite, Node, NodeError, NodeId, Peer, StoreError};
+use capwire::{CallError, ControlEvent, Invite, Node, NodeError, NodeId, Peer, StoreError};
 use serde_json::{Value as Json, json};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 use super::book::{Book, Entry, short};
 use super::{ClusterOp, ConfigOp, CtlCommand, OnOff};
@@ -31,7 +37,12 @@ pub(crate) struct Ctx {
     node: Node,
     dir: PathBuf,
     book: Mutex<Book>,
+    /// The calls made, as `call` records, for the running watches.
+    calls: broadcast::Sender<Json>,
 }
+
+/// How many `call` records a slow watch may fall behind by.
+const CALL_FEED: usize = 256;
 
 type Out = mpsc::Sender<Json>;
 
@@ -66,6 +77,7 @@ impl Ctx {
             node,
             dir: dir.to_path_buf(),
             book: Mutex::new(book),
+            calls: broadcast::channel(CALL_FEED).0,
         })
     }
 
@@ -96,11 +108,12 @@ impl Ctx {
                 Ok(Err(e)) => {
                     last = Failure::connect(&format!("cannot reach {} at {addr}", entry.name), &e);
                 }
+                // No answer in time, as a call or a bind without one.
                 Err(_) => {
                     last = Failure::new(
-                        UNREACHABLE,
+                        TIMEOUT,
                         format!(
-                            "cannot reach {} at {addr}: no session within the timeout",
+                            "cannot reach {} at {addr}: no answer within the timeout",
                             entry.name
                         ),
                     );
@@ -119,12 +132,49 @@ impl Ctx {
         args: &Json,
         timeout: Duration,
     ) -> Result<Json, Failure> {
-        let args = json_to_cbor(args).map_err(|e| Failure::usage(format!("bad args: {e}")))?;
-        let reply = peer
-            .call_raw(cap, verb, &args, timeout)
-            .await
-            .map_err(|e| Failure::call(&format!("{name} {cap}/{verb}"), &e))?;
+        let args = cbor_args(args)?;
+        self.call_cbor(peer, name, cap, verb, &args, timeout).await
+    }
+
+    async fn call_cbor(
+        &self,
+        peer: &Peer,
+        name: &str,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+        timeout: Duration,
+    ) -> Result<Json, Failure> {
+        let reply = peer.call_raw(cap, verb, args, timeout).await;
+        self.note(peer, name, cap, verb, false, reply.as_ref().err());
+        let reply = reply.map_err(|e| Failure::call(&format!("{name} {cap}/{verb}"), &e))?;
         cbor_to_json(&reply).map_err(|e| Failure::failed(format!("unreadable result: {e}")))
+    }
+
+    /// Tells the watches about a call this control plane made.
+    fn note(
+        &self,
+        peer: &Peer,
+        name: &str,
+        cap: &str,
+        verb: &str,
+        notify: bool,
+        error: Option<&CallError>,
+    ) {
+        if self.calls.receiver_count() == 0 {
+            return;
+        }
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
+        let _ = self.calls.send(json!({
+            "kind": "call", "peer": name, "node_id": peer.id().to_string(),
+            "cap": cap, "verb": verb, "notify": notify, "at_ms": at_ms,
+            "ok": error.is_none(),
+            "denied": matches!(error, Some(CallError::Denied(_))),
+            "error": error.map(error_code),
+            "message": error.map(ToString::to_string),
+        }));
     }
 
     /// Runs one command.
@@ -172,20 +222,26 @@ impl Ctx {
                 args,
                 notify,
             } => {
+                // Bad input is a usage error whether or not the node is up.
                 let args: Json = match args {
                     Some(text) => serde_json::from_str(&text)
                         .map_err(|e| Failure::usage(format!("--args is not JSON: {e}")))?,
                     None => json!({}),
                 };
+                let args = cbor_args(&args)?;
                 let entry = self.book().resolve(&peer)?;
                 let session = self.reach(&entry, timeout).await?;
                 if notify {
-                    let cbor = json_to_cbor(&args)
-                        .map_err(|e| Failure::usage(format!("bad args: {e}")))?;
-                    session
-                        .notify_raw(&cap, &verb, &cbor)
-                        .await
-                        .map_err(|e| Failure::call(&format!("{} {cap}/{verb}", entry.name), &e))?;
+                    let sent = session.notify_raw(&cap, &verb, &args).await;
+                    self.note(
+                        &session,
+                        &entry.name,
+                        &cap,
+                        &verb,
+                        true,
+                        sent.as_ref().err(),
+                    );
+                    sent.map_err(|e| Failure::call(&format!("{} {cap}/{verb}", entry.name), &e))?;
                     return emit(
                         out,
                         json!({"kind": "sent", "peer": entry.name, "cap": cap, "verb": verb}),
@@ -193,7 +249,7 @@ impl Ctx {
                     .await;
                 }
                 let value = self
-                    .call(&session, &entry.name, &cap, &verb, &args, timeout)
+                    .call_cbor(&session, &entry.name, &cap, &verb, &args, timeout)
                     .await?;
                 emit(out, json!({"kind": "result", "value": value})).await
             }
@@ -241,6 +297,10 @@ impl Ctx {
                 self.cluster(&entry, &session, op, timeout, out).await
             }
             CtlCommand::Config { peer, op } => {
+                // Bad input is a usage error whether or not the node is up.
+                if let ConfigOp::Set { value, .. } = &op {
+                    cbor_args(&config_value(value)?)?;
+                }
                 let entry = self.book().target(peer.as_deref())?;
                 let session = self.reach(&entry, timeout).await?;
                 match op {
@@ -258,9 +318,7 @@ impl Ctx {
                         emit(out, tagged("config", &entry.name, reply)).await
                     }
                     ConfigOp::Set { value, if_version } => {
-                        let value: Json = serde_json::from_str(&value)
-                            .map_err(|e| Failure::usage(format!("the value is not JSON: {e}")))?;
-                        let mut args = json!({"value": value});
+                        let mut args = json!({"value": config_value(&value)?});
                         if let Some(v) = if_version {
                             args["if_version"] = json!(v);
                         }
@@ -368,9 +426,10 @@ impl Ctx {
                 capwire::manifest::NoArgs {},
                 timeout,
             )
-            .await
-            .map_err(|e| Failure::call(&format!("{} core.cluster/list", parent.name), &e))?;
-        Ok(reply)
+            .await;
+        let error = reply.as_ref().err();
+        self.note(session, &parent.name, "core.cluster", "list", false, error);
+        reply.map_err(|e| Failure::call(&format!("{} core.cluster/list", parent.name), &e))
     }
 
     async fn cluster(
@@ -513,9 +572,11 @@ impl Ctx {
     }
 
     /// Keeps a session with every node in the book and reports the pushes
-    /// they send, until the output closes.
+    /// they send, and the calls this control plane makes, until the output
+    /// closes.
     async fn watch(&self, timeout: Duration, out: &Out) -> Result<(), Failure> {
         let mut events = self.node.control_events();
+        let mut calls = self.calls.subscribe();
         let mut up: HashSet<NodeId> = HashSet::new();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -549,10 +610,18 @@ impl Ctx {
                         emit(out, roster_json(&from, &roster)).await?;
                     }
                     Ok(_) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
                         emit(out, json!({"kind": "lagged", "missed": missed})).await?;
                     }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+                    Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                },
+                call = calls.recv() => match call {
+                    Ok(record) => emit(out, record).await?,
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        emit(out, json!({"kind": "lagged", "missed": missed})).await?;
+                    }
+                    // `self` holds the sender.
+                    Err(broadcast::error::RecvError::Closed) => return Ok(()),
                 },
                 () = out.closed() => return Ok(()),
             }
@@ -573,6 +642,35 @@ impl Ctx {
             "req_id": record.req_id, "body": body, "body_len": record.body_len,
             "truncated": record.truncated,
         })
+    }
+}
+
+/// JSON args as CBOR; what cannot be mapped is bad input.
+fn cbor_args(args: &Json) -> Result<RawValue, Failure> {
+    json_to_cbor(args).map_err(|e| Failure::usage(format!("bad args: {e}")))
+}
+
+/// The value of `config set`.
+fn config_value(text: &str) -> Result<Json, Failure> {
+    serde_json::from_str(text).map_err(|e| Failure::usage(format!("the value is not JSON: {e}")))
+}
+
+/// What went wrong with a call, in one word: the peer's error code when it
+/// answered one, else the local reason.
+fn error_code(e: &CallError) -> String {
+    match e {
+        CallError::Denied(body) | CallError::Remote(body) => body.code.to_string(),
+        CallError::Timeout => "timeout".into(),
+        CallError::Cancelled => "cancelled".into(),
+        CallError::PeerLost => "peer_lost".into(),
+        CallError::Unreachable(_) => "unreachable".into(),
+        CallError::VersionUnsatisfied(_) => "version_unsatisfied".into(),
+        CallError::TooLarge => "too_large".into(),
+        CallError::Overloaded => "overloaded".into(),
+        CallError::Encode(_) => "encode".into(),
+        CallError::BadResult(_) => "bad_result".into(),
+        CallError::Shutdown => "shutdown".into(),
+        _ => "failed".into(),
     }
 }
 

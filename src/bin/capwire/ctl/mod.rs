@@ -4,12 +4,13 @@
 //!
 //! Only one process at a time can own a state directory (its store is
 //! locked), yet a `ctl watch` or `ctl top` runs for long while other
-//! commands are typed in another terminal. So the owner also listens on
-//! `ctl.sock` in the (owner-only) state directory, and a `ctl` that finds
-//! the directory in use hands its command to the owner over that socket
-//! and prints what comes back: the same records, the same exit code, and
-//! the same session with each node (a second session with the same key
-//! would replace the owner's).
+//! commands are typed in another terminal. So such an owner also listens
+//! on `ctl.sock` in the (owner-only) state directory, and a `ctl` that
+//! finds the directory in use hands its command to the owner over that
+//! socket and prints what comes back: the same records, the same exit
+//! code, and the same session with each node (a second session with the
+//! same key would replace the owner's). A directory held by a one-shot
+//! command is waited for: it is free again in a moment.
 
 mod book;
 mod exec;
@@ -121,11 +122,13 @@ pub(crate) enum CtlCommand {
         #[command(subcommand)]
         op: ConfigOp,
     },
-    /// Prints roster changes and monitoring copies from every bound node as
-    /// they arrive, until interrupted.
+    /// Prints roster changes and monitoring copies from every bound node,
+    /// and the calls this control plane makes (the commands other ctl
+    /// processes hand to it included), as they arrive, until interrupted.
     Watch,
     /// A live view of the cluster: members and their monitoring, calls and
-    /// denials per verb, recent monitoring copies. q or Ctrl-C quits.
+    /// denials per verb, the calls made from here, recent monitoring
+    /// copies. q or Ctrl-C quits.
     Top {
         /// How many recent copies to show.
         #[arg(long, default_value_t = 12)]
@@ -277,18 +280,57 @@ fn state_dir(args: &CtlArgs) -> Result<PathBuf, Failure> {
     }
 }
 
+/// How long a `ctl` waits, at least, for a state directory that another
+/// one-shot command holds.
+const WAIT_FOR_STATE: Duration = Duration::from_secs(3);
+/// How often it looks.
+const RETRY_STATE: Duration = Duration::from_millis(50);
+
+/// The state directory `dir`, opened here, or the socket of the `ctl`
+/// that owns it; with `serve`, this process serves the others while it
+/// runs. A directory held by a command that does not serve is waited for
+/// (up to `wait`, or [`WAIT_FOR_STATE`]).
+async fn open(
+    dir: &std::path::Path,
+    serve: bool,
+    wait: Duration,
+) -> Result<(Backend, Option<forward::Server>), Failure> {
+    let deadline = tokio::time::Instant::now() + wait.max(WAIT_FOR_STATE);
+    loop {
+        match Ctx::open(dir).await {
+            Ok(ctx) => {
+                let ctx = Arc::new(ctx);
+                let server = if serve {
+                    forward::serve(Arc::clone(&ctx))
+                } else {
+                    None
+                };
+                return Ok((Backend::Local(ctx), server));
+            }
+            Err(exec::OpenError::InUse) => {
+                let socket = forward::socket_path(dir);
+                if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+                    return Ok((Backend::Remote(socket), None));
+                }
+            }
+            Err(exec::OpenError::Failed(f)) => return Err(f),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Failure::failed(format!(
+                "the control plane's state directory {} is in use by another process (a ctl \
+                 command that is still running?)",
+                dir.display()
+            )));
+        }
+        tokio::time::sleep(RETRY_STATE).await;
+    }
+}
+
 /// `capwire ctl ...`.
 pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
     let dir = state_dir(&args)?;
-    let backend = match Ctx::open(&dir).await {
-        Ok(ctx) => {
-            let ctx = Arc::new(ctx);
-            forward::serve(Arc::clone(&ctx));
-            Backend::Local(ctx)
-        }
-        Err(exec::OpenError::InUse) => Backend::Remote(forward::socket_path(&dir)),
-        Err(exec::OpenError::Failed(f)) => return Err(f),
-    };
+    let serve = matches!(args.command, CtlCommand::Watch | CtlCommand::Top { .. });
+    let (backend, server) = open(&dir, serve, args.timeout).await?;
     let result = match args.command {
         CtlCommand::Top { copies } => top::run(&backend, args.timeout, copies).await,
         command => {
@@ -301,12 +343,20 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
                 }
             };
             if long_running {
-                tokio::select! {
-                    () = printing => {}
-                    () = crate::node::wait_for_signal() => {}
+                // The records end when the command does (a watch handed to
+                // another ctl ends when that one stops).
+                let ended = tokio::select! {
+                    () = printing => true,
+                    () = crate::node::wait_for_signal() => false,
+                };
+                if ended {
+                    done.await.unwrap_or_else(|e| {
+                        Err(Failure::failed(format!("the command failed: {e}")))
+                    })
+                } else {
+                    done.abort();
+                    Ok(())
                 }
-                done.abort();
-                Ok(())
             } else {
                 printing.await;
                 done.await
@@ -315,12 +365,15 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
         }
     };
     if let Backend::Local(ctx) = backend {
+        if let Some(server) = server {
+            server.close(args.timeout).await;
+        }
         ctx.close().await;
     }
     result
 }
 
-/// Parses `500ms`, `10s`, `2m`, `1h` (a bare number is seconds).
+/// Parses `500ms`, `10s`, `2m`, `1h` (a bare number is seconds); not 0.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -337,5 +390,30 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         other => return Err(format!("unknown unit {other:?} (ms, s, m, h)")),
     };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))
+    let duration =
+        Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))?;
+    if duration.is_zero() {
+        return Err("a timeout of 0 lets nothing finish; give more (e.g. 500ms)".into());
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration(" 7 "), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in [
+            "", "s", "5x", "-1s", "1.2.3s", "nan", "inf", "1e400", "0", "0ms",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} is refused");
+        }
+    }
 }

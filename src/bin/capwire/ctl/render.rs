@@ -76,6 +76,35 @@ pub(crate) fn copy_line(r: &Json) -> String {
     line
 }
 
+/// What became of a call this control plane made: `ok`, `denied: CODE`
+/// or `failed: CODE`.
+pub(crate) fn call_outcome(r: &Json) -> String {
+    if r["ok"].as_bool() == Some(true) {
+        "ok".to_owned()
+    } else if r["denied"].as_bool() == Some(true) {
+        format!("denied: {}", s(r, "error"))
+    } else {
+        format!("failed: {}", s(r, "error"))
+    }
+}
+
+/// One call this control plane made, on one line.
+pub(crate) fn call_line(r: &Json) -> String {
+    format!(
+        "{} call -> {:<12} {}/{}{} {}",
+        clock(r["at_ms"].as_u64().unwrap_or(0)),
+        s(r, "peer"),
+        s(r, "cap"),
+        s(r, "verb"),
+        if r["notify"].as_bool() == Some(true) {
+            " (notify)"
+        } else {
+            ""
+        },
+        call_outcome(r)
+    )
+}
+
 fn member_line(m: &Json) -> String {
     format!(
         "{:<10} {:<12} {:<9} monitoring={:<8} {}",
@@ -202,6 +231,7 @@ pub(crate) fn human(r: &Json) -> String {
             }
         }
         "copy" => out = copy_line(r),
+        "call" => out = call_line(r),
         "connected" => out = format!("connected to {}", s(r, "peer")),
         "disconnected" => out = format!("lost the session with {} (retrying)", s(r, "peer")),
         "lagged" => out = format!("missed {} pushes (this terminal was too slow)", r["missed"]),

@@ -1,8 +1,9 @@
 //! `capwire ctl top`: a live view of the cluster, redrawn as pushes
 //! arrive (and once a second): the members of each bound node's cluster
 //! and their monitoring, the calls each watched node received per
-//! (cap, verb) with how many its chokepoint denied, and the latest
-//! monitoring copies.
+//! (cap, verb) with how many its chokepoint denied, the calls this control
+//! plane made (those other `ctl` commands hand to it included), and the
+//! latest monitoring copies.
 //!
 //! Denials are judged from the copies with the node's own rule: a
 //! received (cap, verb) its manifest does not list is `unknown_verb`, a
@@ -16,7 +17,7 @@ use std::time::Duration;
 use serde_json::Value as Json;
 use tokio::io::AsyncBufReadExt;
 
-use super::render::{clock, copy_line};
+use super::render::{call_outcome, clock, copy_line};
 use super::{Backend, ClusterOp, CtlCommand};
 use crate::exit::Failure;
 
@@ -25,6 +26,15 @@ struct Counts {
     received: u64,
     denied: u64,
     sent: u64,
+}
+
+/// The calls this control plane made to one (node, cap, verb).
+#[derive(Default)]
+struct Made {
+    calls: u64,
+    denied: u64,
+    failed: u64,
+    last: String,
 }
 
 #[derive(Default)]
@@ -40,6 +50,8 @@ struct View {
     manifests: HashMap<String, HashMap<(String, String), String>>,
     /// (node, cap, verb) -> counts.
     calls: BTreeMap<(String, String, String), Counts>,
+    /// (node, cap, verb) -> the calls made to it from here.
+    made: BTreeMap<(String, String, String), Made>,
     copies: VecDeque<String>,
     keep: usize,
     copies_seen: u64,
@@ -116,6 +128,19 @@ impl View {
                 while self.copies.len() > self.keep {
                     self.copies.pop_front();
                 }
+            }
+            "call" => {
+                let made = self
+                    .made
+                    .entry((text("peer"), text("cap"), text("verb")))
+                    .or_default();
+                made.calls += 1;
+                if r["denied"].as_bool() == Some(true) {
+                    made.denied += 1;
+                } else if r["ok"].as_bool() != Some(true) {
+                    made.failed += 1;
+                }
+                made.last = call_outcome(r);
             }
             "lagged" => self.status = format!("missed {} pushes", r["missed"]),
             _ => {}
@@ -199,6 +224,25 @@ impl View {
                 c.received,
                 c.denied,
                 c.sent
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "CALLS FROM THIS CONTROL PLANE");
+        let _ = writeln!(
+            out,
+            "  {:<12} {:<32} {:>8} {:>8} {:>8}  LAST",
+            "NODE", "CAP/VERB", "CALLS", "DENIED", "FAILED"
+        );
+        for ((node, cap, verb), m) in &self.made {
+            let _ = writeln!(
+                out,
+                "  {:<12} {:<32} {:>8} {:>8} {:>8}  {}",
+                node,
+                format!("{cap}/{verb}"),
+                m.calls,
+                m.denied,
+                m.failed,
+                m.last
             );
         }
         let _ = writeln!(out);

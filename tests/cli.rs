@@ -1,0 +1,884 @@
+//! The command-line tool end to end: real `capwire node` processes on
+//! 127.0.0.1, driven by real `capwire ctl` processes, each with its own
+//! temporary state directories. Output is checked in both forms (text and
+//! `--json`), failures by their exit code and their one line on stderr.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod cli_support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use cli_support::{
+    NodeProc, Spawned, assert_fails, assert_ok, capwire, ctl, ctl_ok, poll, run, tempdir,
+};
+use serde_json::{Value as Json, json};
+
+/// The names of a roster record's members.
+fn member_names(roster: &Json) -> Vec<String> {
+    roster["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The capability `id` in a manifest record.
+fn capability<'a>(manifest: &'a Json, id: &str) -> &'a Json {
+    manifest["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap_or_else(|| panic!("no {id} in {manifest}"))
+}
+
+/// The class of `verb` in a capability record.
+fn class_of<'a>(cap: &'a Json, verb: &str) -> &'a str {
+    cap["verbs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == verb)
+        .unwrap_or_else(|| panic!("no verb {verb} in {cap}"))["class"]
+        .as_str()
+        .unwrap()
+}
+
+#[test]
+fn bind_call_notify_manifest_and_status() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::start("alpha", &[]);
+
+    // Bound under the manifest's name.
+    let out = ctl_ok(&cp, &["bind", node.invite()]);
+    let mut lines = out.stdout.lines();
+    assert_eq!(
+        lines.next(),
+        Some(format!("bound alpha ({})", node.id).as_str())
+    );
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .contains("app capwire.node, monitoring on"),
+        "{out:#?}"
+    );
+    let peers = ctl_ok(&cp, &["--json", "peers"]).record();
+    assert_eq!(peers["kind"], "peers");
+    assert_eq!(peers["peers"][0]["name"], "alpha");
+    assert_eq!(peers["peers"][0]["node_id"], node.id.as_str());
+    assert_eq!(peers["peers"][0]["addrs"], json!([node.addr]));
+    let text = ctl_ok(&cp, &["peers"]).stdout;
+    assert!(
+        text.starts_with("alpha ") && text.contains(&node.addr),
+        "{text}"
+    );
+
+    // echo, by name and by key, as text and as JSON.
+    let out = ctl_ok(
+        &cp,
+        &["call", "alpha", "app.agent", "echo", "--args", "\"hello\""],
+    );
+    assert_eq!(out.stdout, "alpha: hello\n");
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            &node.id,
+            "app.agent",
+            "echo",
+            "--args",
+            "\"hi there\"",
+        ],
+    );
+    assert_eq!(
+        out.record(),
+        json!({"kind": "result", "value": "alpha: hi there"})
+    );
+
+    // A notification is sent and not answered.
+    let out = ctl_ok(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "echo",
+            "--args",
+            "\"psst\"",
+            "--notify",
+        ],
+    );
+    assert_eq!(
+        out.stdout,
+        "sent app.agent/echo to alpha (fire-and-forget: no answer)\n"
+    );
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "echo",
+            "--args",
+            "\"psst\"",
+            "--notify",
+        ],
+    );
+    assert_eq!(
+        out.record(),
+        json!({"kind": "sent", "peer": "alpha", "cap": "app.agent", "verb": "echo"})
+    );
+
+    // The manifest, as text: a header, each capability, each verb.
+    let text = ctl_ok(&cp, &["manifest", "alpha"]).stdout;
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.starts_with(&format!("alpha ({}) app capwire.node epoch ", node.id))
+            && first.ends_with(" monitoring on"),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l == "  app.agent 1.0.0"), "{text}");
+    let verb_line = |name: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} line in {text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(verb_line("echo"), ["echo", "request", "bootstrap"]);
+    assert_eq!(verb_line("ask"), ["ask", "request", "controller"]);
+    // ... and as JSON.
+    let manifest = ctl_ok(&cp, &["--json", "manifest", "alpha"]).record();
+    assert_eq!(manifest["kind"], "manifest");
+    assert_eq!(manifest["node_id"], node.id.as_str());
+    assert_eq!(manifest["name"], "alpha");
+    assert_eq!(manifest["monitoring"], "on");
+    let agent = capability(&manifest, "app.agent");
+    assert_eq!(agent["version"], "1.0.0");
+    assert_eq!(class_of(agent, "echo"), "bootstrap");
+    assert_eq!(class_of(agent, "ask"), "controller");
+    assert_eq!(
+        class_of(capability(&manifest, "core.monitoring"), "status"),
+        "bootstrap"
+    );
+
+    // This control plane is the node's controller.
+    let text = ctl_ok(&cp, &["status", "alpha"]).stdout;
+    assert!(
+        text.starts_with("alpha: monitoring on; this control plane is its controller; "),
+        "{text}"
+    );
+    let status = ctl_ok(&cp, &["--json", "status", "alpha"]).record();
+    assert_eq!(status["kind"], "status");
+    assert_eq!(status["value"]["you_are_controller"], true);
+    assert_eq!(status["value"]["monitoring"], "on");
+}
+
+#[test]
+fn denied_calls_exit_3_and_name_the_reason() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let stranger = tmp.path().join("stranger");
+    let node = NodeProc::start("alpha", &[]);
+    let bound = ctl_ok(&cp, &["--json", "bind", node.invite(), "--name", "front"]).record();
+    assert_eq!(bound["kind"], "bound");
+    assert_eq!(bound["name"], "front");
+    assert_eq!(bound["node_id"], node.id.as_str());
+    assert_eq!(bound["manifest"]["name"], "alpha");
+
+    // An unknown verb and an unknown capability: the chokepoint's
+    // unknown_verb.
+    let out = ctl(&cp, &["call", "front", "app.agent", "no_such_verb"]);
+    let line = assert_fails(&out, 3, "unknown_verb");
+    assert!(line.contains("app.agent/no_such_verb"), "{line}");
+    let out = ctl(&cp, &["call", "front", "app.nothing", "echo"]);
+    assert_fails(&out, 3, "unknown_verb");
+
+    // Another control plane, not bound: bootstrap verbs work, controller
+    // verbs are unauthorized.
+    let ask = json!({"peer": node.id, "text": "hi"}).to_string();
+    let out = ctl(
+        &stranger,
+        &["call", node.invite(), "app.agent", "ask", "--args", &ask],
+    );
+    assert_fails(&out, 3, "unauthorized");
+    let out = ctl(&stranger, &["config", "--peer", node.invite(), "get"]);
+    assert_fails(&out, 3, "unauthorized");
+    let out = ctl_ok(
+        &stranger,
+        &[
+            "call",
+            node.invite(),
+            "app.agent",
+            "echo",
+            "--args",
+            "\"hi\"",
+        ],
+    );
+    assert_eq!(out.stdout, "alpha: hi\n");
+    let text = ctl_ok(&stranger, &["status", node.invite()]).stdout;
+    assert!(
+        text.contains("this control plane is not its controller"),
+        "{text}"
+    );
+    let status = ctl_ok(&stranger, &["--json", "status", node.invite()]).record();
+    assert_eq!(status["value"]["you_are_controller"], false);
+
+    // The bound one still is its controller.
+    let status = ctl_ok(&cp, &["--json", "status", "front"]).record();
+    assert_eq!(status["value"]["you_are_controller"], true);
+}
+
+#[test]
+fn cluster_and_config() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::start_in("alpha", &tmp.path().join("node"));
+    ctl_ok(&cp, &["bind", node.invite()]);
+
+    // Two children; a second "carol" is refused.
+    let text = ctl_ok(&cp, &["cluster", "create", "bob", "--bio", "the first"]).stdout;
+    let cols: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(cols[1], "bob", "{text}");
+    assert_eq!(cols[3], "monitoring=off", "{text}");
+    let bob_cid = cols[0].to_owned();
+    let carol = ctl_ok(&cp, &["--json", "cluster", "create", "carol"]).record();
+    assert_eq!(carol["kind"], "member");
+    assert_eq!(carol["peer"], "alpha");
+    assert_eq!(carol["value"]["name"], "carol");
+    let carol_cid = carol["value"]["cid"].as_str().unwrap().to_owned();
+    assert_ne!(bob_cid, carol_cid);
+    let out = ctl(&cp, &["cluster", "create", "carol"]);
+    assert_fails(&out, 4, "duplicate");
+
+    // The roster, as text and JSON.
+    let text = ctl_ok(&cp, &["cluster", "list"]).stdout;
+    assert!(text.starts_with("roster of alpha version "), "{text}");
+    assert!(
+        text.lines().next().unwrap().ends_with(": 2 members"),
+        "{text}"
+    );
+    let roster = ctl_ok(&cp, &["--json", "cluster", "list"]).record();
+    assert_eq!(roster["kind"], "roster");
+    assert_eq!(member_names(&roster), ["bob", "carol"]);
+    assert_eq!(roster["members"][0]["bio"], "the first");
+    assert_eq!(roster["members"][0]["monitoring"], "off");
+    let carol_id = roster["members"][1]["node_id"].as_str().unwrap().to_owned();
+
+    // Monitoring on: this control plane binds the child and calls it by
+    // its name.
+    let text = ctl_ok(&cp, &["cluster", "set-monitoring", "bob", "on"]).stdout;
+    assert!(
+        text.starts_with(&bob_cid) && text.contains("monitoring=on"),
+        "{text}"
+    );
+    let member = ctl_ok(&cp, &["--json", "cluster", "set-monitoring", "carol", "on"]).record();
+    assert_eq!(member["value"]["monitoring"], "on");
+    let peers = ctl_ok(&cp, &["--json", "peers"]).record();
+    let bob = peers["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "bob")
+        .unwrap_or_else(|| panic!("bob is in the book: {peers}"))
+        .clone();
+    assert_eq!(bob["parent"], "alpha");
+    assert_eq!(bob["cid"], bob_cid.as_str());
+    let out = ctl_ok(
+        &cp,
+        &["call", "bob", "app.agent", "echo", "--args", "\"hi\""],
+    );
+    assert_eq!(out.stdout, "bob: hi\n");
+    let status = ctl_ok(&cp, &["--json", "status", "carol"]).record();
+    assert_eq!(status["value"]["you_are_controller"], true);
+
+    // Introduced, bob can reach carol (not before).
+    let ask = json!({"peer": carol_id, "text": "hello"}).to_string();
+    let out = ctl(&cp, &["call", "bob", "app.agent", "ask", "--args", &ask]);
+    assert_fails(&out, 4, "not reachable");
+    let text = ctl_ok(&cp, &["cluster", "introduce", "bob", "carol"]).stdout;
+    assert_eq!(
+        text,
+        format!("{bob_cid} and {carol_cid} are now each other's contacts\n")
+    );
+    let out = ctl_ok(&cp, &["call", "bob", "app.agent", "ask", "--args", &ask]);
+    assert_eq!(out.stdout, "carol: hello\n");
+
+    // A child's contact is its invite.
+    let contact = ctl_ok(&cp, &["--json", "cluster", "contact", "bob"]).record();
+    assert_eq!(contact["kind"], "contact");
+    assert!(
+        contact["value"]["invite"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!(
+                "capwire://{}@127.0.0.1:",
+                bob["node_id"].as_str().unwrap()
+            )),
+        "{contact}"
+    );
+
+    // Removed: gone from the roster and from the book.
+    let text = ctl_ok(&cp, &["cluster", "remove", "carol"]).stdout;
+    assert_eq!(text, format!("removed {carol_cid}\n"));
+    let roster = ctl_ok(&cp, &["--json", "cluster", "list"]).record();
+    assert_eq!(member_names(&roster), ["bob"]);
+    let out = ctl(
+        &cp,
+        &["call", "carol", "app.agent", "echo", "--args", "\"x\""],
+    );
+    assert_fails(&out, 2, "unknown peer \"carol\"");
+
+    // Configuration, with a refused compare-and-set.
+    assert_eq!(ctl_ok(&cp, &["config", "get"]).stdout, "version 0: null\n");
+    let value = r#"{"model":"small","key":{"$bytes":"00ff"},"n":3}"#;
+    let text = ctl_ok(&cp, &["config", "set", value]).stdout;
+    assert_eq!(text, "configuration now at version 1\n");
+    let out = ctl(&cp, &["config", "set", "{}", "--if-version", "0"]);
+    let line = assert_fails(&out, 4, "conflict");
+    assert!(line.contains("version 1"), "{line}");
+    let config = ctl_ok(&cp, &["--json", "config", "get"]).record();
+    assert_eq!(config["kind"], "config");
+    assert_eq!(config["value"]["version"], 1);
+    assert_eq!(
+        config["value"]["value"],
+        json!({"model": "small", "key": {"$bytes": "00ff"}, "n": 3})
+    );
+    let set = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "config",
+            "--peer",
+            "alpha",
+            "set",
+            "[1,2]",
+            "--if-version",
+            "1",
+        ],
+    )
+    .record();
+    assert_eq!(set["kind"], "config_set");
+    assert_eq!(set["value"]["version"], 2);
+    assert_eq!(ctl_ok(&cp, &["config", "get"]).stdout, "version 2: [1,2]\n");
+}
+
+#[test]
+fn disable_lets_another_control_plane_bind() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let other = tmp.path().join("other");
+    let mut node = NodeProc::start("alpha", &[]);
+    let first = node.invite().to_owned();
+
+    // A wrong code is refused (and counted); the right one binds, once.
+    let wrong = format!("{}#AAAAAAAAAA", first.split('#').next().unwrap());
+    let line = assert_fails(&ctl(&cp, &["bind", &wrong]), 3, "bind_failed");
+    assert!(line.contains("wrong code"), "{line}");
+    ctl_ok(&cp, &["bind", &first]);
+    assert_fails(&ctl(&other, &["bind", &first]), 3, "bind_failed");
+    assert_fails(
+        &ctl(&other, &["config", "--peer", &first, "get"]),
+        3,
+        "unauthorized",
+    );
+
+    // Let go: the node opens a new bind and prints its invite.
+    let text = ctl_ok(&cp, &["disable", "alpha"]).stdout;
+    assert_eq!(text, "alpha is no longer bound to this control plane\n");
+    let again = node
+        .proc
+        .wait_record(Duration::from_secs(10), "a new invite", |r| {
+            r.get("node_id").is_none() && r["invite"].as_str().is_some_and(|i| i != first)
+        });
+    let again = again["invite"].as_str().unwrap().to_owned();
+    assert!(
+        again.starts_with(&format!("capwire://{}@", node.id)),
+        "{again}"
+    );
+    let text = ctl_ok(&cp, &["status", "alpha"]).stdout;
+    assert!(
+        text.contains("this control plane is not its controller"),
+        "{text}"
+    );
+    assert_fails(&ctl(&cp, &["disable", "alpha"]), 3, "unauthorized");
+
+    // Another control plane binds it; the first one is refused.
+    let bound = ctl_ok(&other, &["--json", "bind", &again]).record();
+    assert_eq!(bound["name"], "alpha");
+    ctl_ok(&other, &["config", "get"]);
+    assert_fails(&ctl(&cp, &["config", "get"]), 3, "unauthorized");
+}
+
+#[test]
+fn a_restarted_node_keeps_its_control_plane() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let state = tmp.path().join("node");
+    let start = |listen: &str| {
+        let mut cmd = capwire();
+        cmd.args(["node", "--name", "alpha", "--state"])
+            .arg(&state)
+            .args(["--listen", listen]);
+        Spawned::start(cmd, "node alpha")
+    };
+    let mut first = start("127.0.0.1:0");
+    let id_line = first.wait_line(Duration::from_secs(15), "its id", |l| {
+        l.starts_with("node ")
+    });
+    let id = id_line.split_whitespace().nth(1).unwrap().to_owned();
+    let listening = first.wait_line(Duration::from_secs(5), "its address", |l| {
+        l.starts_with("listening ")
+    });
+    let addr = listening.split_whitespace().nth(1).unwrap().to_owned();
+    let invite = first.wait_line(Duration::from_secs(5), "an invite", |l| {
+        l.starts_with("invite ")
+    });
+    let invite = invite.split_whitespace().nth(1).unwrap().to_owned();
+    assert!(invite.starts_with(&format!("capwire://{id}@")), "{invite}");
+    ctl_ok(&cp, &["bind", &invite]);
+    ctl_ok(&cp, &["config", "set", r#"{"kept":true}"#]);
+
+    // SIGTERM: a clean exit, quickly.
+    let stopped = Instant::now();
+    first.signal("TERM");
+    let status = first.wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "exit on SIGTERM: {status}");
+    assert!(stopped.elapsed() < Duration::from_secs(5));
+
+    // The same state, the same port.
+    let port = addr.rsplit(':').next().unwrap();
+    let mut second = start(&format!("127.0.0.1:{port}"));
+    let again = second.wait_line(Duration::from_secs(15), "its id", |l| {
+        l.starts_with("node ")
+    });
+    assert_eq!(again, id_line, "the same identity");
+    second.wait_line(Duration::from_secs(5), "its address", |l| {
+        l == listening.as_str()
+    });
+
+    // Still its controller: a controller verb works, status says so.
+    let config = ctl_ok(&cp, &["--json", "config", "get"]).record();
+    assert_eq!(config["value"]["value"], json!({"kept": true}));
+    let text = ctl_ok(&cp, &["status", "alpha"]).stdout;
+    assert!(
+        text.starts_with("alpha: monitoring on; this control plane is its controller"),
+        "{text}"
+    );
+    ctl_ok(&cp, &["cluster", "create", "bob"]);
+    // The node answered, so it is past its startup lines: none was an
+    // invite.
+    let lines = second.stdout();
+    assert!(
+        lines.iter().all(|l| !l.starts_with("invite")),
+        "a bound node prints no invite: {lines:#?}"
+    );
+    second.signal("TERM");
+    assert!(second.wait_exit(Duration::from_secs(5)).success());
+
+    // On another port: the book's address is stale, an invite-form
+    // address (no code) finds it, under its name.
+    let mut third = start("127.0.0.1:0");
+    let moved = third.wait_line(Duration::from_secs(15), "its address", |l| {
+        l.starts_with("listening ")
+    });
+    let moved = moved
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .trim_start_matches("tcp://");
+    assert_fails(&ctl(&cp, &["status", "alpha"]), 6, "cannot reach alpha");
+    let text = ctl_ok(&cp, &["status", &format!("capwire://{id}@{moved}")]).stdout;
+    assert!(
+        text.starts_with("alpha: monitoring on; this control plane is its controller"),
+        "{text}"
+    );
+}
+
+#[test]
+fn keygen_makes_an_identity_the_node_uses() {
+    let tmp = tempdir();
+    let key = tmp.path().join("alpha.key");
+    let key_arg = key.to_str().unwrap();
+
+    let out = run(&["keygen", "--out", key_arg]);
+    assert_ok(&out);
+    let id = out.stdout.trim().to_owned();
+    assert_eq!(id.len(), 64, "{out:#?}");
+    assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    let written = std::fs::read(&key).unwrap();
+
+    // Never replaced.
+    let out = run(&["keygen", "--out", key_arg]);
+    assert_fails(&out, 1, "exists");
+    assert_eq!(
+        std::fs::read(&key).unwrap(),
+        written,
+        "the file is untouched"
+    );
+
+    // Without --out: the key file's text on stdout, the id on stderr.
+    let out = run(&["keygen"]);
+    assert_eq!(out.code, 0, "{out:#?}");
+    let mut lines = out.stdout.lines();
+    assert_eq!(lines.next(), Some("capwire-identity-v1"));
+    assert_eq!(lines.next().map(str::len), Some(64));
+    assert!(out.stderr.starts_with("node id: "), "{out:#?}");
+
+    // A node with --key is that identity, with or without a state.
+    let node = NodeProc::start("alpha", &["--key", key_arg]);
+    assert_eq!(node.id, id);
+    assert!(node.invite().starts_with(&format!("capwire://{id}@")));
+    node.stop(Duration::from_secs(5));
+    let state = tmp.path().join("node");
+    let node = NodeProc::start(
+        "alpha",
+        &["--key", key_arg, "--state", state.to_str().unwrap()],
+    );
+    assert_eq!(node.id, id);
+    node.stop(Duration::from_secs(5));
+
+    // A key that is not there: a clear failure.
+    let missing = tmp.path().join("missing.key");
+    let out = run(&["node", "--key", missing.to_str().unwrap()]);
+    assert_fails(&out, 1, "cannot use the key");
+}
+
+#[test]
+fn watch_sees_what_forwarded_commands_do() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let stranger = tmp.path().join("stranger");
+    let node = NodeProc::start("alpha", &[]);
+    ctl_ok(&cp, &["bind", node.invite()]);
+
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"]).arg(&cp).arg("watch");
+    let mut watch = Spawned::start(cmd, "ctl watch");
+    watch.wait_record(Duration::from_secs(10), "connected to alpha", |r| {
+        r["kind"] == "connected" && r["peer"] == "alpha"
+    });
+    assert!(
+        cp.join("ctl.sock").exists(),
+        "the owner listens on ctl.sock"
+    );
+
+    // Forwarded to the watch (the state is locked), with the output and
+    // the exit code of a local run.
+    let out = ctl_ok(&cp, &["cluster", "create", "dave", "--bio", "forwarded"]);
+    let cols: Vec<&str> = out.stdout.split_whitespace().collect();
+    assert_eq!(cols[1], "dave", "{out:#?}");
+    let member = ctl_ok(&cp, &["--json", "cluster", "create", "erin"]).record();
+    assert_eq!(member["kind"], "member");
+    assert_eq!(member["value"]["name"], "erin");
+    let out = ctl_ok(
+        &cp,
+        &["call", "alpha", "app.agent", "echo", "--args", "\"via\""],
+    );
+    assert_eq!(out.stdout, "alpha: via\n");
+    let out = ctl(&cp, &["call", "alpha", "app.agent", "nope"]);
+    assert_fails(&out, 3, "unknown_verb");
+    let out = ctl(&cp, &["call", "nobody", "app.agent", "echo"]);
+    assert_fails(&out, 2, "unknown peer");
+
+    // The watch saw the roster change ...
+    let roster = watch.wait_record(Duration::from_secs(10), "a roster with erin", |r| {
+        r["kind"] == "roster"
+            && r["members"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["name"] == "erin"))
+    });
+    assert_eq!(roster["peer"], "alpha");
+    assert!(member_names(&roster).contains(&"dave".to_owned()));
+
+    // ... and copies of what another peer sent the node.
+    ctl_ok(
+        &stranger,
+        &[
+            "call",
+            node.invite(),
+            "app.agent",
+            "echo",
+            "--args",
+            "\"psst\"",
+        ],
+    );
+    let copy = watch.wait_record(Duration::from_secs(10), "a copy of the echo", |r| {
+        r["kind"] == "copy" && r["verb"] == "echo"
+    });
+    assert_eq!(copy["from"], "alpha");
+    assert_eq!(copy["dir"], "in");
+    assert_eq!(copy["cap"], "app.agent");
+    assert_eq!(copy["body"], "psst");
+    assert!(copy["seq"].as_u64().unwrap() >= 1, "{copy}");
+
+    // ... and the calls made through it.
+    watch.wait_record(Duration::from_secs(10), "the forwarded create", |r| {
+        r["kind"] == "call"
+            && r["cap"] == "core.cluster"
+            && r["verb"] == "create"
+            && r["ok"] == true
+    });
+    let denied = watch.wait_record(Duration::from_secs(10), "the forwarded denial", |r| {
+        r["kind"] == "call" && r["verb"] == "nope"
+    });
+    assert_eq!(denied["ok"], false);
+    assert_eq!(denied["error"], "unknown_verb");
+
+    // A watch handed over holds one of the owner's 8 slots while its
+    // client runs, and frees it when the client goes.
+    let mut watchers: Vec<Spawned> = (0..8)
+        .map(|i| {
+            let mut cmd = capwire();
+            cmd.args(["ctl", "--json", "--state"]).arg(&cp).arg("watch");
+            Spawned::start(cmd, &format!("forwarded watch {i}"))
+        })
+        .collect();
+    for w in &mut watchers {
+        w.wait_record(Duration::from_secs(15), "connected to alpha", |r| {
+            r["kind"] == "connected" && r["peer"] == "alpha"
+        });
+    }
+    let out = ctl(&cp, &["peers"]);
+    assert_fails(&out, 1, "busy");
+    for w in &mut watchers {
+        w.signal("INT");
+        assert!(w.wait_exit(Duration::from_secs(5)).success());
+    }
+    poll(Duration::from_secs(5), "a free slot", || {
+        let out = ctl(&cp, &["--json", "peers"]);
+        (out.code == 0).then(|| assert_eq!(out.record()["kind"], "peers"))
+    });
+
+    // Every record has a kind.
+    for r in watch.records() {
+        assert!(r["kind"].is_string(), "{r}");
+    }
+
+    // SIGINT ends it cleanly, and a watch handed to it with it; then the
+    // state is free again.
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--state"]).arg(&cp).arg("watch");
+    let mut handed = Spawned::start(cmd, "a forwarded watch");
+    handed.wait_line(Duration::from_secs(10), "connected to alpha", |l| {
+        l == "connected to alpha"
+    });
+    watch.signal("INT");
+    let status = watch.wait_exit(Duration::from_secs(5));
+    assert!(
+        status.success(),
+        "watch exit: {status}\n{:#?}",
+        watch.stderr()
+    );
+    assert!(watch.stderr().is_empty(), "{:#?}", watch.stderr());
+    let status = handed.wait_exit(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(1), "{:#?}", handed.stderr());
+    assert_eq!(
+        handed.stderr(),
+        ["capwire: the ctl process that owned the state directory stopped"]
+    );
+    let roster = ctl_ok(&cp, &["--json", "cluster", "list"]).record();
+    assert_eq!(member_names(&roster), ["dave", "erin"]);
+}
+
+#[test]
+fn commands_at_once_on_one_state_directory_all_succeed() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::start("alpha", &[]);
+    ctl_ok(&cp, &["bind", node.invite()]);
+    let state = cp.to_str().unwrap();
+    for round in 0..5 {
+        let text = format!("\"round {round}\"");
+        let commands: Vec<Vec<&str>> = vec![
+            vec![
+                "ctl",
+                "--state",
+                state,
+                "call",
+                "alpha",
+                "app.agent",
+                "echo",
+                "--args",
+                &text,
+            ],
+            vec!["ctl", "--state", state, "--json", "cluster", "list"],
+            vec!["ctl", "--state", state, "status", "alpha"],
+            vec![
+                "ctl",
+                "--state",
+                state,
+                "call",
+                "alpha",
+                "app.agent",
+                "nope",
+            ],
+        ];
+        let outs: Vec<_> = std::thread::scope(|s| {
+            let running: Vec<_> = commands
+                .iter()
+                .map(|args| s.spawn(move || run(args)))
+                .collect();
+            running.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert_eq!(
+            assert_ok(&outs[0]).stdout,
+            format!("alpha: round {round}\n")
+        );
+        assert_eq!(assert_ok(&outs[1]).record()["kind"], "roster");
+        assert!(
+            assert_ok(&outs[2]).stdout.contains("is its controller"),
+            "{outs:#?}"
+        );
+        assert_fails(&outs[3], 3, "unknown_verb");
+    }
+}
+
+#[test]
+fn bad_input_fails_with_one_clear_line() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::start("alpha", &[]);
+    ctl_ok(&cp, &["bind", node.invite()]);
+
+    // Malformed invites.
+    let out = ctl(&cp, &["bind", "capwire://not-a-key@127.0.0.1:1#ABC"]);
+    assert_fails(&out, 2, "not an invite");
+    let out = ctl(&cp, &["bind", "hello"]);
+    assert_fails(&out, 2, "not an invite");
+    let no_code = node.invite().split('#').next().unwrap().to_owned();
+    let out = ctl(&cp, &["bind", &no_code]);
+    assert_fails(&out, 2, "no code");
+
+    // An unknown peer.
+    let out = ctl(&cp, &["call", "bogus", "app.agent", "echo"]);
+    let line = assert_fails(&out, 2, "unknown peer \"bogus\"");
+    assert!(line.contains("alpha"), "it names the known ones: {line}");
+
+    // --args that do not parse, and args the verb refuses.
+    let out = ctl(
+        &cp,
+        &["call", "alpha", "app.agent", "echo", "--args", "{\"a\":"],
+    );
+    assert_fails(&out, 2, "--args is not JSON");
+    let out = ctl(
+        &cp,
+        &["call", "alpha", "app.agent", "echo", "--args", "[1]"],
+    );
+    assert_fails(&out, 4, "bad_args");
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "echo",
+            "--args",
+            r#"{"$int":"x"}"#,
+        ],
+    );
+    assert_fails(&out, 2, "bad args");
+    let ask = r#"{"peer":"zz","text":"x"}"#;
+    let out = ctl(&cp, &["call", "alpha", "app.agent", "ask", "--args", ask]);
+    assert_fails(&out, 4, "bad_args");
+    let out = ctl(&cp, &["config", "set", "{nope"]);
+    assert_fails(&out, 2, "not JSON");
+
+    // A peer that takes the connection and never answers: a timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stranger_key = node_id_of(&cp);
+    let silent = format!("{stranger_key}@{}", silent.local_addr().unwrap());
+    let out = ctl(
+        &cp,
+        &[
+            "--timeout",
+            "300ms",
+            "status",
+            &format!("capwire://{silent}"),
+        ],
+    );
+    assert_fails(&out, 5, "no answer within the timeout");
+    assert!(out.took < Duration::from_secs(3), "took {:?}", out.took);
+    let out = ctl(
+        &cp,
+        &[
+            "--timeout",
+            "300ms",
+            "bind",
+            &format!("capwire://{silent}#ABCDEFGHJK"),
+        ],
+    );
+    assert_fails(&out, 5, "no answer within the timeout");
+
+    // Bad durations (clap's own errors, also one line and exit 2).
+    for bad in ["5x", "soon", "-1s", "1e400", "", "0", "0ms"] {
+        let flag = format!("--timeout={bad}");
+        let out = ctl(&cp, &[&flag, "peers"]);
+        assert_fails(&out, 2, "error:");
+    }
+    let out = ctl(&cp, &["--timeout", "5x", "peers"]);
+    assert_fails(&out, 2, "unknown unit");
+    // Bad usage.
+    let out = ctl(&cp, &["call", "alpha"]);
+    assert_eq!(out.code, 2, "{out:#?}");
+    let out = ctl(&cp, &["cluster", "set-monitoring", "x", "maybe"]);
+    assert_eq!(out.code, 2, "{out:#?}");
+
+    // A node that is not running: exit 6, quickly; bad input still 2.
+    node.stop(Duration::from_secs(5));
+    let out = ctl(
+        &cp,
+        &["call", "alpha", "app.agent", "echo", "--args", "\"x\""],
+    );
+    assert_fails(&out, 6, "cannot reach alpha");
+    assert!(out.took < Duration::from_secs(3), "took {:?}", out.took);
+    let out = ctl(&cp, &["status", "alpha"]);
+    assert_fails(&out, 6, "cannot reach alpha");
+    let out = ctl(&cp, &["config", "set", "{nope"]);
+    assert_fails(&out, 2, "not JSON");
+    let out = ctl(&cp, &["call", "alpha", "app.agent", "echo", "--args", "{"]);
+    assert_fails(&out, 2, "--args is not JSON");
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "echo",
+            "--args",
+            r#"{"$int":"x"}"#,
+        ],
+    );
+    assert_fails(&out, 2, "bad args");
+
+    // Forgotten: an unknown peer.
+    assert_eq!(ctl_ok(&cp, &["forget", "alpha"]).stdout, "forgot alpha\n");
+    let out = ctl(&cp, &["status", "alpha"]);
+    assert_fails(&out, 2, "no node is bound yet");
+    let out = ctl(&cp, &["cluster", "list"]);
+    assert_fails(&out, 2, "no node is bound yet");
+
+    // Even an address nobody listens on, given as an invite.
+    let dead = format!("capwire://{}@127.0.0.1:1", node_id_of(&cp));
+    let started = Instant::now();
+    let out = ctl(&cp, &["status", &dead]);
+    assert_fails(&out, 6, "cannot reach");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+/// Some valid key: this control plane's own.
+fn node_id_of(cp: &std::path::Path) -> String {
+    ctl_ok(cp, &["--json", "peers"]).record()["me"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
