@@ -358,7 +358,23 @@ impl Peer {
         verb: &str,
         args: &RawValue,
     ) -> Result<(), CallError> {
-        self.notify_with(self.default_deadline, || {
+        self.notify_raw_within(cap, verb, args, self.default_deadline)
+            .await
+    }
+
+    /// [`Peer::notify_raw`] with its own deadline for getting a session and
+    /// room in the send queue.
+    ///
+    /// # Errors
+    /// As [`Peer::notify`].
+    pub async fn notify_raw_within(
+        &self,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+        deadline: Duration,
+    ) -> Result<(), CallError> {
+        self.notify_with(deadline, || {
             codec::control(cap, verb, &ReqId::EMPTY, None, args)
         })
         .await

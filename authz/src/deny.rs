@@ -119,9 +119,14 @@ impl DenyReason {
     }
 
     /// The error half of the response that answers a denied request: the
-    /// code and this reason as the message, no detail.
+    /// code, and the reason's explanation as the message (without the code
+    /// again), no detail.
     pub fn error_body(&self) -> ErrorBody {
-        ErrorBody::new(self.code(), self.to_string())
+        let why = match self {
+            Self::UnknownVerb { why } => why.to_string(),
+            Self::Unauthorized { why } => why.to_string(),
+        };
+        ErrorBody::new(self.code(), why)
     }
 
     /// The wire error code as text: `"unknown_verb"` or `"unauthorized"`.

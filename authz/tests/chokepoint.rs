@@ -416,7 +416,7 @@ fn deny_reasons_map_to_wire_error_codes() {
     assert_eq!(body.code, ErrorCode::UnknownVerb);
     assert_eq!(
         body.message,
-        "unknown verb: the capability has no verb with this exact name"
+        "the capability has no verb with this exact name"
     );
     assert!(body.detail.is_none());
 

@@ -35,22 +35,19 @@ use crate::store::{Batch, MemberRecord};
 const PUSH_DEADLINE: Duration = Duration::from_secs(5);
 
 fn not_found(cid: &str) -> ErrorBody {
-    ErrorBody::new(ErrorCode::NotFound, format!("not_found: no child {cid:?}"))
+    ErrorBody::new(ErrorCode::NotFound, format!("no child {cid:?}"))
 }
 
 fn host_error(e: &HostError) -> HandlerError {
     match e {
         HostError::NotFound(_) => HandlerError::new(ErrorCode::NotFound, e.to_string()),
         HostError::Capacity(_) => HandlerError::new(ErrorCode::Overloaded, e.to_string()),
-        _ => HandlerError::new(ErrorCode::Internal, format!("internal: {e}")),
+        _ => HandlerError::new(ErrorCode::Internal, format!("{e}")),
     }
 }
 
 fn host_timeout() -> HandlerError {
-    HandlerError::new(
-        ErrorCode::Timeout,
-        "timeout: the child host did not finish in time",
-    )
+    HandlerError::new(ErrorCode::Timeout, "the child host did not finish in time")
 }
 
 fn with_info(m: &mut MemberRecord, info: &ChildInfo) {
@@ -156,14 +153,14 @@ impl CoreState {
                 if d.roster.name_taken(&args.name) {
                     let e = ErrorBody::new(
                         ErrorCode::Duplicate,
-                        format!("duplicate: a child is already named {:?}", args.name),
+                        format!("a child is already named {:?}", args.name),
                     );
                     return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
                 }
                 if d.roster.len() >= self.limits.max_children {
                     return Err(HandlerError::new(
                         ErrorCode::Overloaded,
-                        "overloaded: the node has as many children as it may",
+                        "the node has as many children as it may",
                     ));
                 }
                 let (cid, meta) = d.roster.next_cid();
@@ -291,7 +288,7 @@ impl CoreState {
         if args.enabled && controller.is_none() {
             let e = ErrorBody::new(
                 ErrorCode::NotBound,
-                "not_bound: this node has no control plane to watch its children",
+                "this node has no control plane to watch its children",
             );
             return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
         }
@@ -306,7 +303,7 @@ impl CoreState {
         if status_of(&m) != ChildStatus::Running {
             return Err(HandlerError::new(
                 ErrorCode::Unavailable,
-                format!("unavailable: child {:?} is not running", args.cid),
+                format!("child {:?} is not running", args.cid),
             ));
         }
         drop(d);
@@ -348,7 +345,7 @@ impl CoreState {
         let Some(node_id) = m.node_id else {
             return Err(HandlerError::new(
                 ErrorCode::Unavailable,
-                format!("unavailable: child {cid:?} has not started"),
+                format!("child {cid:?} has not started"),
             ));
         };
         let pending = m.monitoring == MonitoringStatus::Pending;
@@ -376,10 +373,7 @@ impl CoreState {
             return typed(answer);
         }
         if args.peer_a == args.peer_b {
-            let e = ErrorBody::new(
-                ErrorCode::BadArgs,
-                "bad_args: a child is not introduced to itself",
-            );
+            let e = ErrorBody::new(ErrorCode::BadArgs, "a child is not introduced to itself");
             return self.answer_only::<()>(&mut d, &key, Err(e)).await;
         }
         let (Some(a), Some(b)) = (
@@ -399,7 +393,7 @@ impl CoreState {
             let id = m.node_id.ok_or_else(|| {
                 HandlerError::new(
                     ErrorCode::Unavailable,
-                    format!("unavailable: child {:?} has not started", m.cid),
+                    format!("child {:?} has not started", m.cid),
                 )
             })?;
             let addr: Addr = m
@@ -409,7 +403,7 @@ impl CoreState {
                 .ok_or_else(|| {
                     HandlerError::new(
                         ErrorCode::Unavailable,
-                        format!("unavailable: child {:?} has no address", m.cid),
+                        format!("child {:?} has no address", m.cid),
                     )
                 })?;
             Ok(Contact {

@@ -56,7 +56,7 @@ async fn get_config(_args: NoArgs, Core(core): Core) -> Result<ConfigValue, Hand
 fn conflict(current: u64) -> ErrorBody {
     let mut body = ErrorBody::new(
         ErrorCode::Conflict,
-        format!("conflict: the configuration is at version {current}"),
+        format!("the configuration is at version {current}"),
     );
     #[derive(serde::Serialize)]
     struct Detail {

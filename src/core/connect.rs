@@ -19,12 +19,12 @@ fn check(args: &IntroduceArgs, own: &capwire_envelope::NodeId) -> Result<Contact
     let addr: Addr = args
         .addr
         .parse()
-        .map_err(|e| ErrorBody::new(ErrorCode::BadArgs, format!("bad_args: {e}")))?;
+        .map_err(|e| ErrorBody::new(ErrorCode::BadArgs, format!("{e}")))?;
     let id = capwire_transport::canonical_node_id(&args.node_id);
     if id == *own {
         return Err(ErrorBody::new(
             ErrorCode::BadArgs,
-            "bad_args: a node is not its own contact",
+            "a node is not its own contact",
         ));
     }
     Ok(Contact {

@@ -80,7 +80,7 @@ pub(crate) fn check_name(name: &str) -> Result<(), ErrorBody> {
         Err(ErrorBody::new(
             ErrorCode::BadArgs,
             format!(
-                "bad_args: a child name is 1 to {MAX_CHILD_NAME} bytes of printable text, \
+                "a child name is 1 to {MAX_CHILD_NAME} bytes of printable text, \
                  without leading or trailing spaces"
             ),
         ))
@@ -94,7 +94,7 @@ pub(crate) fn check_text(what: &str, text: &str) -> Result<(), ErrorBody> {
     } else {
         Err(ErrorBody::new(
             ErrorCode::BadArgs,
-            format!("bad_args: {what} is at most {MAX_CHILD_TEXT} bytes"),
+            format!("{what} is at most {MAX_CHILD_TEXT} bytes"),
         ))
     }
 }

@@ -201,10 +201,7 @@ impl CoreState {
         };
         result.map_err(|e| {
             tracing::error!(error = %e, "state write failed");
-            HandlerError::new(
-                ErrorCode::Internal,
-                "internal: the node could not write its state",
-            )
+            HandlerError::new(ErrorCode::Internal, "the node could not write its state")
         })
     }
 
@@ -216,7 +213,7 @@ impl CoreState {
             Lookup::Answered(a) => Some(a),
             Lookup::OtherVerb => Some(Err(ErrorBody::new(
                 ErrorCode::Duplicate,
-                "duplicate: this req_id was used for another verb",
+                "this req_id was used for another verb",
             ))),
         }
     }

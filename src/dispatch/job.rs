@@ -95,7 +95,7 @@ pub(crate) fn start(
     if now >= job.deadline {
         return Started::Done(Finished::err(
             ErrorCode::Timeout,
-            "timeout: the budget ran out before the handler started",
+            "the budget ran out before the handler started",
             Outcome::Cancelled,
         ));
     }
@@ -114,7 +114,7 @@ pub(crate) fn start(
         Ok(Err(e)) => {
             return Started::Done(Finished::err(
                 ErrorCode::BadArgs,
-                &format!("bad args: {e}"),
+                &format!("{e}"),
                 Outcome::BadArgs,
             ));
         }
@@ -139,7 +139,7 @@ pub(crate) fn start(
                         watch.cancel();
                         Finished::err(
                             ErrorCode::Timeout,
-                            "timeout: the handler ran out of its budget",
+                            "the handler ran out of its budget",
                             Outcome::Cancelled,
                         )
                     }

@@ -244,7 +244,7 @@ impl Admission for Dispatcher {
                 self.metrics.count(route, Outcome::WrongKind);
                 return Admit::Answer(ErrorBody::new(
                     ErrorCode::UnknownVerb,
-                    "unknown verb: this verb is a notification and takes no req_id",
+                    "this verb is a notification and takes no req_id",
                 ));
             }
             _ => {}
@@ -277,19 +277,16 @@ impl Admission for Dispatcher {
             }
             Check::Running => (
                 Outcome::Duplicate,
-                "duplicate: a request with this req_id is still running",
+                "a request with this req_id is still running",
             ),
-            Check::OtherVerb => (
-                Outcome::Duplicate,
-                "duplicate: this req_id was used for another verb",
-            ),
+            Check::OtherVerb => (Outcome::Duplicate, "this req_id was used for another verb"),
             Check::Forgotten => (
                 Outcome::Duplicate,
-                "duplicate: a request with this req_id was already answered",
+                "a request with this req_id was already answered",
             ),
             Check::Full => (
                 Outcome::Overloaded,
-                "overloaded: this sender's replay quota is used up; retry later",
+                "this sender's replay quota is used up; retry later",
             ),
             Check::New if shutting_down => {
                 self.metrics.count(route, Outcome::Cancelled);
@@ -298,16 +295,13 @@ impl Admission for Dispatcher {
                     "cancelled: the node is shutting down",
                 ));
             }
-            Check::New if !room => (
-                Outcome::Overloaded,
-                "overloaded: too many requests in flight",
-            ),
+            Check::New if !room => (Outcome::Overloaded, "too many requests in flight"),
             Check::New => {
                 // Nothing could finish in no time: not run, not recorded.
                 self.metrics.count(route, Outcome::Cancelled);
                 return Admit::Answer(ErrorBody::new(
                     ErrorCode::Timeout,
-                    "timeout: the request came with a budget of 0 ms",
+                    "the request came with a budget of 0 ms",
                 ));
             }
             Check::Begun => {

@@ -91,14 +91,14 @@ pub(crate) fn response(
         return error(
             req_id,
             ErrorCode::Internal,
-            "internal: the response could not be encoded",
+            "the response could not be encoded",
         );
     }
     if out.len() > max_len {
         return error(
             req_id,
             ErrorCode::TooLarge,
-            "too_large: the result is larger than the caller accepts",
+            "the result is larger than the caller accepts",
         );
     }
     frozen(out)

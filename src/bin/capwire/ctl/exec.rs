@@ -232,7 +232,7 @@ impl Ctx {
                 let entry = self.book().resolve(&peer)?;
                 let session = self.reach(&entry, timeout).await?;
                 if notify {
-                    let sent = session.notify_raw(&cap, &verb, &args).await;
+                    let sent = session.notify_raw_within(&cap, &verb, &args, timeout).await;
                     self.note(
                         &session,
                         &entry.name,

@@ -47,7 +47,7 @@ pub(crate) struct CtlArgs {
     #[arg(long, global = true)]
     json: bool,
     /// How long to wait for a node to answer (e.g. 500ms, 10s, 2m).
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, global = true)]
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, global = true, allow_hyphen_values = true)]
     timeout: Duration,
     #[command(subcommand)]
     command: CtlCommand,
