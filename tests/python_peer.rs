@@ -1,0 +1,243 @@
+//! A second, independent Noise stack against a real `capwire node`:
+//! `tests/python/peer.py`, written from WIRE.md alone on Python's
+//! `noiseprotocol` and `cbor2`, handshakes, reads the hello, calls,
+//! is denied, binds, notifies and closes (WIRE.md, Interoperability).
+//!
+//! The packages go into a virtual environment under the target directory
+//! (`target/pyvenv`, which `.ci/run` prepares), reused while it holds the
+//! pinned versions. Without Python the test fails, unless
+//! `CAPWIRE_SKIP_PYTHON=1` says to skip it.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the child when the test ends, however it ends.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const PEER_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Exits 0 when every `name==version` line of the requirements is installed.
+const PINNED: &str = r##"
+import importlib.metadata as m, sys
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, version = line.split("==")
+        assert m.version(name) == version, line
+"##;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn venv_dir() -> PathBuf {
+    // CARGO_TARGET_TMPDIR is `<target dir>/tmp`.
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target directory")
+        .join("pyvenv")
+}
+
+/// Python is missing or will not set up: a failure, or a skip when asked.
+/// Returns `None` when the test should be skipped.
+fn unavailable(what: &str) -> Option<PathBuf> {
+    if std::env::var("CAPWIRE_SKIP_PYTHON").as_deref() == Ok("1") {
+        eprintln!("skipped: the Python peer needs {what} (CAPWIRE_SKIP_PYTHON=1)");
+        return None;
+    }
+    panic!(
+        "the Python peer test needs {what}; install python3 with venv and pip \
+         (or set CAPWIRE_SKIP_PYTHON=1 to skip this test)"
+    );
+}
+
+fn run(cmd: &mut Command) -> Result<std::process::Output, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(format!(
+            "{cmd:?}: {}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The venv's python, with the pinned requirements installed.
+fn python() -> Option<PathBuf> {
+    let venv = venv_dir();
+    let python = venv.join("bin").join("python");
+    let requirements = repo().join("tests/python/requirements.txt");
+    let has_them = || {
+        Command::new(&python)
+            .args(["-c", PINNED])
+            .arg(&requirements)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if has_them() {
+        return Some(python);
+    }
+    if let Err(e) = run(Command::new("python3").arg("--version")) {
+        return unavailable(&format!("python3 on PATH ({e})"));
+    }
+    let make_venv = || {
+        run(Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv))
+    };
+    if !python.exists()
+        && let Err(e) = make_venv()
+    {
+        return unavailable(&format!("a virtual environment ({e})"));
+    }
+    let install = run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&requirements));
+    if let Err(e) = install {
+        return unavailable(&format!("its packages from the registry ({e})"));
+    }
+    assert!(
+        has_them(),
+        "the venv lacks the pinned packages after pip install"
+    );
+    Some(python)
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+#[test]
+fn an_independent_python_peer_speaks_wire_md_with_a_real_node() {
+    let started = Instant::now();
+    let Some(python) = python() else {
+        return;
+    };
+    let setup = started.elapsed();
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let node_log = dir.path().join("node.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_capwire"))
+        .args(["node", "--json", "--listen", "127.0.0.1:0", "--state"])
+        .arg(dir.path().join("state"))
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&node_log).expect("a log file"))
+        .spawn()
+        .expect("capwire node starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut node = Killed(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("the node prints its start line");
+    let start: serde_json::Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("{e}: {line:?}\n{}", tail(&node_log)));
+    let addr = start["addrs"][0].as_str().expect("an address");
+    let node_id = start["node_id"].as_str().expect("a node id");
+    let invite = start["invite"].as_str().expect("an invite");
+
+    let mut peer = Command::new(&python)
+        .arg(repo().join("tests/python/peer.py"))
+        .args([addr, node_id, invite])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("peer.py starts");
+    let mut out = peer.stdout.take().expect("stdout");
+    let mut err = peer.stderr.take().expect("stderr");
+    let readers = (
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            s
+        }),
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        }),
+    );
+    let mut peer = Killed(peer);
+    let deadline = Instant::now() + PEER_DEADLINE;
+    let status = loop {
+        if let Some(status) = peer.0.try_wait().expect("peer.py's status") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(peer);
+    let stdout = readers.0.join().expect("stdout read");
+    let stderr = readers.1.join().expect("stderr read");
+    let node_alive = node.0.try_wait().expect("the node's status").is_none();
+    let report = format!(
+        "peer.py stdout:\n{stdout}\npeer.py stderr:\n{stderr}\nnode log:\n{}",
+        tail(&node_log)
+    );
+    let status = status.unwrap_or_else(|| panic!("peer.py ran over {PEER_DEADLINE:?}\n{report}"));
+    assert!(status.success(), "peer.py: {status}\n{report}");
+    assert!(node_alive, "the node exited during the run\n{report}");
+
+    for expected in [
+        "ok   vectors: ",
+        "ok   handshake with prologue capwire/2 fails at message 2",
+        "ok   a first record that is not a hello -> close frame protocol_error, then CLOSE 0",
+        "ok   handshake: Noise_XX_25519_ChaChaPoly_BLAKE2s, prologue capwire/1",
+        "ok   hello: protocol 1, ",
+        "ok   app.agent/echo -> 'capwire-node: hello from python'",
+        "ok   app.agent/echo of 200000 bytes: split records (FIRST/NEXT) both ways",
+        "ok   keepalives taken; app.agent/nope -> unknown_verb",
+        "ok   core.configuration/get_config before bind -> unauthorized",
+        "ok   core.monitoring/bind with a wrong code -> bind_failed",
+        "ok   core.monitoring/bind with the invite's code -> bound",
+        "ok   later hello: monitoring \"on\"",
+        "ok   core.configuration/get_config as the control plane -> {'value': None, 'version': 0}",
+        "ok   core.cluster/roster notification: nothing came back",
+        "ok   close: sent close frame + CLOSE 0",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(expected)),
+            "no line {expected:?}\n{report}"
+        );
+    }
+    assert_eq!(
+        stdout.lines().last(),
+        Some("pypeer: all checks passed"),
+        "{report}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .all(|l| l.starts_with("ok   ") || l == "pypeer: all checks passed"),
+        "{report}"
+    );
+    eprintln!(
+        "python peer: setup {setup:?}, whole test {:?}",
+        started.elapsed()
+    );
+}
