@@ -586,7 +586,7 @@ fn copy_line(agents: &[Agent], cp: &Node, from: NodeId, r: &CopyRecord) -> Strin
     };
     let body: String = body.chars().take(50).collect();
     format!(
-        "#{:<3} {:<8} {arrow} {word} {:<13} {}/{} {}",
+        "#{:<3} {:<8} {arrow} {word:<4} {:<9} {}/{} {}",
         r.seq,
         name_of(agents, cp, from),
         name_of(agents, cp, r.peer),
