@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use capwire_envelope::{NodeId, RawValue, ReqId};
+use capwire_envelope::{CloseCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{
     BindArgs, BindReply, CapRequirement, CapabilityManifest, Manifest, MonitoringBind,
     NotificationVerb, RequestVerb,
@@ -16,7 +16,7 @@ use crate::invite::Invite;
 use crate::net::peers::Peers;
 use crate::net::session::Session;
 use crate::proto::codec;
-use crate::proto::session::Reply;
+use crate::proto::session::{End, Reply};
 use crate::tap::Way;
 
 /// A handle to call one peer. Cheap to clone.
@@ -70,6 +70,18 @@ impl Drop for PendingCall<'_> {
             self.session.abandon(&self.req_id);
         }
     }
+}
+
+/// How often one call is sent again after its session was replaced.
+const MAX_REPLACED_RETRIES: u32 = 3;
+
+/// Whether `session` ended because another session with the same peer
+/// replaced it (closed so by either side).
+fn was_replaced(session: &Session) -> bool {
+    matches!(
+        session.lock().end_reason(),
+        Some(End::Local(CloseCode::Replaced, _) | End::Peer(CloseCode::Replaced, _))
+    )
 }
 
 /// `now + d`, or a far future when that does not fit.
@@ -297,34 +309,67 @@ impl Peer {
     async fn call_with(
         &self,
         deadline: Duration,
-        encode: impl FnOnce(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+        encode: impl Fn(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<RawValue, CallError> {
         self.call_as(None, deadline, encode).await
     }
 
     /// A request with `req_id` (a fresh one when `None`).
+    ///
+    /// When both nodes dial each other at once, each keeps one of the two
+    /// sessions and closes the other with `replaced`; a call sent on the
+    /// one being replaced is sent again, with the same req_id, on the
+    /// session that replaced it. The peer's replay ledger is keyed by
+    /// (sender, req_id) across sessions, so a request that did reach the
+    /// peer is never run twice: the retry gets its remembered answer (or
+    /// `duplicate` while it still runs).
     async fn call_as(
         &self,
         req_id: Option<ReqId>,
         deadline: Duration,
-        encode: impl FnOnce(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+        encode: impl Fn(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<RawValue, CallError> {
         let deadline_at = deadline_after(deadline);
-        let session = self.session(deadline_at).await?;
         let req_id = req_id.unwrap_or_else(|| self.peers.next_req_id());
+        let mut tries = 0;
+        loop {
+            let session = self.session(deadline_at).await?;
+            match self
+                .call_once(&session, &req_id, deadline_at, &encode)
+                .await
+            {
+                Err(CallError::PeerLost)
+                    if tries < MAX_REPLACED_RETRIES && was_replaced(&session) =>
+                {
+                    tries += 1;
+                    tracing::debug!(peer = %self.id, %req_id, "session replaced under a call: sent again");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One send of a request on `session` and the wait for its answer.
+    async fn call_once(
+        &self,
+        session: &Session,
+        req_id: &ReqId,
+        deadline_at: Instant,
+        encode: &impl Fn(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+    ) -> Result<RawValue, CallError> {
         // The budget is what is left of the deadline after waiting for the
         // session.
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        let frame = encode(&req_id, budget_ms).map_err(|e| CallError::Encode(e.to_string()))?;
+        let frame = encode(req_id, budget_ms).map_err(|e| CallError::Encode(e.to_string()))?;
         self.peers.tap().record(Way::Out, &self.id, &frame);
         let rx = session
             .call(req_id.clone(), frame, deadline_at)
             .await
             .map_err(|e| self.lost_or(e))?;
         let mut call = PendingCall {
-            session: &session,
-            req_id,
+            session,
+            req_id: req_id.clone(),
             answered: false,
         };
         match tokio::time::timeout_at(deadline_at, rx).await {
