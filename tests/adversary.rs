@@ -1,0 +1,228 @@
+//! A scripted hostile peer that plays every item of SECURITY.md's "Inputs
+//! and faults" against a real [`capwire::Node`].
+//!
+//! The attacker speaks below the node's friendly API: it runs the Noise
+//! handshake by hand through the transport's I/O-free states (or forges
+//! one over snow's primitives, to send keys it has no secret for), seals
+//! each message itself, writes its own chunks and hand-made CBOR, and
+//! reads the node's messages with a `RecordDecoder`. Each attack is a
+//! small async fn in `tests/adversary/`, played against a fresh node
+//! (loopback TCP, or in-memory pairs through `Node::accept_stream` when
+//! it needs paused time); the harness (`tests/adversary/arena.rs`) then
+//! checks, for every attack, that no handler ran but those the attack
+//! meant (an `AtomicU64` per verb of the test's capability), that no
+//! controller handler ever ran for a sender that was not bound, that the
+//! binding, configuration, roster and contacts are as expected, that the
+//! node let go of everything (sessions, handshakes, jobs, queued bytes)
+//! and kept its ledger within budget, that an honest `Peer` request then
+//! succeeds within 5 s, and that shutdown ends within its bound.
+//!
+//! | SECURITY.md item | attacks (test names) | also, or only, elsewhere |
+//! |---|---|---|
+//! | Length prefix over the limit or shorter than a tag; plaintext larger than one message | `length_prefix_over_the_handshake_limit`, `length_prefix_shorter_than_a_tag`, `record_announced_over_max_record`, `large_records_are_split_never_truncated`, `record_rules_broken` | transport/tests/security.rs `item01_*` |
+//! | Truncated frame, slow-loris peer, silent peer | `truncated_message_then_end_of_stream`, `record_rules_broken` (split record cut by the end of the stream), `slow_loris_and_silent_peers` | `item02_*` |
+//! | Bit flip in ciphertext or tag (and tampering with the rekey) | `bit_flips_in_ciphertext_and_tag`, `rekey_abuse` | `item03_*` (nonce not advanced, checked on the `Opener`) |
+//! | Replayed, reordered, duplicated, dropped or reflected frames | `replayed_reordered_duplicated_dropped_reflected`, `replayed_and_reflected_handshakes` | `item04_*` |
+//! | Nonce counter near 2^64-1 (test hook) | `nonce_exhaustion` (the node started with the transport's start_nonce_for_testing hook) | `item05_*` |
+//! | Peer cuts the stream without a close record | `peer_cut_mid_request`, `truncated_message_then_end_of_stream` | `item06_*`, tests/calls.rs |
+//! | Prologue or protocol-name mismatch | `prologue_or_protocol_name_mismatch` | `item07_*` |
+//! | Out-of-turn, repeated, short or long handshake messages | `handshake_messages_out_of_turn_repeated_short_long`, `replayed_and_reflected_handshakes`, `requests_before_a_valid_hello` (frames out of turn after it) | `item08_*` |
+//! | Low-order remote ephemeral or static key, all points and encodings | `low_order_ephemeral_keys`, `low_order_static_keys` (forged handshakes, both roles, with a genuine-key control) | `item09_*`, transport/src/handshake.rs unit tests |
+//! | Static key unknown to the contact policy, our own, or bit 255 flipped | `static_keys_judged_in_canonical_form` | `item10_*` |
+//! | Flood of half-open handshakes or silent sockets | `handshake_floods`, `accept_rate_flood`, `slow_loris_and_silent_peers` | tests/bounds.rs, `item11_*` |
+//! | Many idle sessions from throwaway keys | `throwaway_keys_fill_the_session_budget` | tests/bounds.rs |
+//! | A peer that never reads | `a_peer_that_never_reads` | tests/bounds.rs, `item13_*` |
+//! | RNG failure | not playable against a node (it has no entropy hook) | transport/tests/security.rs `item14_rng_failure_aborts_without_fallback` |
+//! | Deep nesting (100k levels) | `deep_nesting_100k_levels` | envelope/tests/bad_input.rs |
+//! | Length headers claiming 2^32..2^64 items | `length_claims_of_2_32_to_2_64` | envelope/tests/alloc_bounds.rs |
+//! | Trailing bytes, tags, indefinite lengths, duplicate keys, non-minimal integers, unknown fields | `strict_profile_violations` | envelope/tests/bad_input.rs |
+//! | Wrong types in cap/verb/req_id, empty or oversize strings, NUL bytes | `frame_field_types_and_strings`, `malformed_answers_to_the_nodes_calls` | envelope/tests/bad_input.rs |
+//! | Unknown cap or verb, empty, other case, spaces, NUL, confusables, paths | `chokepoint_name_variants`, `frame_field_types_and_strings` | tests/dispatch.rs, authz/tests/chokepoint.rs |
+//! | Controller verb from a non-controller, a former controller, racing an unbind | `controller_verbs_from_a_non_controller`, `a_former_controller_after_unbind`, `racing_an_unbind` | tests/dispatch.rs |
+//! | Args that fail the verb's type (after authorization) | `args_failing_their_type` | tests/dispatch.rs |
+//! | Authorizer panics or errors | `authorizer_panics_or_fails` | authz/tests/chokepoint.rs (also an unset authorizer) |
+//! | A verb registered without an auth class | not playable over the wire: a typed verb always has one | manifest/tests/registry.rs `refuses_a_verb_without_auth_class` |
+//! | Duplicate in-flight req_id, huge req_id, no correlation hijack | `duplicate_in_flight_req_id`, `huge_and_odd_req_ids`, `response_hijack_of_another_peers_call` | tests/calls.rs |
+//! | Repeated completed req_id; the same req_id on another verb | `repeated_completed_req_id`, `same_req_id_on_another_verb` | tests/calls.rs, tests/replay.rs |
+//! | Another sender flooding the ledger | `another_sender_floods_the_ledger`, `durable_answers_are_per_sender` | tests/replay.rs, tests/core_caps.rs |
+//! | A request verb with an empty req_id | `request_verb_with_an_empty_req_id` | |
+//! | Shutdown while peers stall, never read, or finish a handshake mid-shutdown | `shutdown_while_peers_stall` | tests/shutdown.rs |
+//! | Bind: wrong code 3 times, expired, wrong sender, no pending, two at once | `bind_wrong_code_three_times`, `wrong_codes_at_once_get_three_attempts_in_all`, `bind_with_an_expired_code`, `bind_from_the_wrong_sender`, `bind_without_a_pending_bind`, `control_planes_binding_at_once` | tests/dispatch.rs, authz/tests/bind.rs |
+//! | A peer killed mid-request | `peer_cut_mid_request` | tests/calls.rs |
+//! | A network partition between two hosts | `network_partition` (a link that goes silent, then a new one) | |
+//! | A node restarted (kill -9) while config writes are in flight | not in this harness: it needs a process to kill | tests/crash.rs `acknowledged_config_writes_survive_sigkill_and_retries_are_not_applied_twice` |
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+#[path = "adversary/mod.rs"]
+mod kit;
+
+use std::alloc::System;
+use std::time::Duration;
+
+use kit::arena::{Played, Setup, run};
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+/// Counts the heap, so that an attack can tell that a length claim did
+/// not turn into an allocation of that size.
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+use kit::{bind, bounds, chokepoint, faults, frames, handshake, ledger, records};
+
+/// Declares the attacks: one test each, and the list of their names.
+macro_rules! attacks {
+    ($( $clock:ident $name:ident ( $setup:expr ) => $play:path ; )*) => {
+        /// Every attack of the harness, by name.
+        const ATTACKS: &[&str] = &[$(stringify!($name)),*];
+        $( attacks!(@one $clock $name ($setup) => $play); )*
+    };
+    (@one real $name:ident ($setup:expr) => $play:path) => {
+        #[tokio::test]
+        async fn $name() {
+            run(stringify!($name), $setup, |a| -> Played { Box::pin($play(a)) }).await;
+        }
+    };
+    (@one paused $name:ident ($setup:expr) => $play:path) => {
+        #[tokio::test(start_paused = true)]
+        async fn $name() {
+            run(stringify!($name), $setup, |a| -> Played { Box::pin($play(a)) }).await;
+        }
+    };
+}
+
+attacks! {
+    // Transport messages and records.
+    real length_prefix_over_the_handshake_limit(Setup::tcp())
+        => records::length_prefix_over_the_handshake_limit;
+    real length_prefix_shorter_than_a_tag(Setup::tcp())
+        => records::length_prefix_shorter_than_a_tag;
+    real record_announced_over_max_record(Setup::tcp())
+        => records::record_announced_over_max_record;
+    real large_records_are_split_never_truncated(Setup::tcp())
+        => records::large_records_are_split_never_truncated;
+    real record_rules_broken(Setup::tcp()) => records::record_rules_broken;
+    real truncated_message_then_end_of_stream(Setup::tcp())
+        => records::truncated_message_then_end_of_stream;
+    real bit_flips_in_ciphertext_and_tag(Setup::tcp())
+        => records::bit_flips_in_ciphertext_and_tag;
+    real rekey_abuse(Setup::tcp()) => records::rekey_abuse;
+    real replayed_reordered_duplicated_dropped_reflected(Setup::tcp())
+        => records::replayed_reordered_duplicated_dropped_reflected;
+    real nonce_exhaustion(Setup::tcp().transport(|t| t.start_nonce_for_testing = u64::MAX - 6))
+        => records::nonce_exhaustion;
+    paused slow_loris_and_silent_peers(Setup::memory()) => records::slow_loris_and_silent_peers;
+
+    // The handshake.
+    real handshake_messages_out_of_turn_repeated_short_long(Setup::tcp())
+        => handshake::handshake_messages_out_of_turn_repeated_short_long;
+    real replayed_and_reflected_handshakes(Setup::tcp())
+        => handshake::replayed_and_reflected_handshakes;
+    real prologue_or_protocol_name_mismatch(Setup::tcp())
+        => handshake::prologue_or_protocol_name_mismatch;
+    real low_order_ephemeral_keys(Setup::tcp()) => handshake::low_order_ephemeral_keys;
+    real low_order_static_keys(Setup::tcp()) => handshake::low_order_static_keys;
+    real static_keys_judged_in_canonical_form(handshake::contact_policy_setup())
+        => handshake::static_keys_judged_in_canonical_form;
+    real requests_before_a_valid_hello(Setup::tcp()) => handshake::requests_before_a_valid_hello;
+
+    // Floods and bounds.
+    real handshake_floods(Setup::tcp().transport(|t| {
+        t.first_message_timeout = Duration::from_secs(1);
+        t.handshake_timeout = Duration::from_secs(2);
+    })) => bounds::handshake_floods;
+    real accept_rate_flood(
+        Setup::tcp()
+            .limits(|l| {
+                l.accept_rate = 20;
+                l.accept_burst = 10;
+                l.max_handshakes_per_source = 1000;
+            })
+            .transport(|t| t.first_message_timeout = Duration::from_secs(1))
+    ) => bounds::accept_rate_flood;
+    real throwaway_keys_fill_the_session_budget(Setup::tcp().bound().limits(|l| {
+        l.max_inbound_sessions = 3;
+        l.reserved_sessions = 2;
+    })) => bounds::throwaway_keys_fill_the_session_budget;
+    real a_peer_that_never_reads(Setup::tcp().limits(|l| {
+        l.max_inflight_per_session = 16;
+        l.max_queued_bytes_per_session = 256 * 1024;
+        l.write_timeout = Duration::from_secs(2);
+    })) => bounds::a_peer_that_never_reads;
+    paused shutdown_while_peers_stall(
+        Setup::memory().limits(|l| l.shutdown_grace = Duration::from_secs(2))
+    ) => bounds::shutdown_while_peers_stall;
+
+    // CBOR and envelopes.
+    real deep_nesting_100k_levels(Setup::tcp()) => frames::deep_nesting_100k_levels;
+    real length_claims_of_2_32_to_2_64(Setup::tcp()) => frames::length_claims_of_2_32_to_2_64;
+    real strict_profile_violations(Setup::tcp()) => frames::strict_profile_violations;
+    real frame_field_types_and_strings(Setup::tcp()) => frames::frame_field_types_and_strings;
+
+    // The chokepoint.
+    real chokepoint_name_variants(Setup::tcp().bound()) => chokepoint::chokepoint_name_variants;
+    real controller_verbs_from_a_non_controller(Setup::tcp().bound())
+        => chokepoint::controller_verbs_from_a_non_controller;
+    real a_former_controller_after_unbind(Setup::tcp())
+        => chokepoint::a_former_controller_after_unbind;
+    real racing_an_unbind(Setup::tcp()) => chokepoint::racing_an_unbind;
+    real args_failing_their_type(Setup::tcp().bound()) => chokepoint::args_failing_their_type;
+    real authorizer_panics_or_fails(chokepoint::hostile_authorizer_setup())
+        => chokepoint::authorizer_panics_or_fails;
+
+    // The replay ledger.
+    real duplicate_in_flight_req_id(Setup::tcp()) => ledger::duplicate_in_flight_req_id;
+    real huge_and_odd_req_ids(Setup::tcp()) => ledger::huge_and_odd_req_ids;
+    real repeated_completed_req_id(Setup::tcp()) => ledger::repeated_completed_req_id;
+    real same_req_id_on_another_verb(Setup::tcp()) => ledger::same_req_id_on_another_verb;
+    real another_sender_floods_the_ledger(
+        Setup::tcp().limits(|l| l.replay_sender_max_bytes = 64 * 1024)
+    ) => ledger::another_sender_floods_the_ledger;
+    real request_verb_with_an_empty_req_id(Setup::tcp())
+        => ledger::request_verb_with_an_empty_req_id;
+    real response_hijack_of_another_peers_call(Setup::tcp())
+        => ledger::response_hijack_of_another_peers_call;
+    real durable_answers_are_per_sender(Setup::tcp()) => ledger::durable_answers_are_per_sender;
+    real malformed_answers_to_the_nodes_calls(Setup::tcp())
+        => ledger::malformed_answers_to_the_nodes_calls;
+
+    // The bind ceremony.
+    real bind_wrong_code_three_times(Setup::tcp()) => bind::bind_wrong_code_three_times;
+    paused bind_with_an_expired_code(Setup::memory()) => bind::bind_with_an_expired_code;
+    real bind_from_the_wrong_sender(Setup::tcp()) => bind::bind_from_the_wrong_sender;
+    real bind_without_a_pending_bind(Setup::tcp()) => bind::bind_without_a_pending_bind;
+    real control_planes_binding_at_once(Setup::tcp()) => bind::control_planes_binding_at_once;
+    real wrong_codes_at_once_get_three_attempts_in_all(Setup::tcp())
+        => bind::wrong_codes_at_once_get_three_attempts_in_all;
+
+    // Faults.
+    real peer_cut_mid_request(Setup::tcp()) => faults::peer_cut_mid_request;
+    paused network_partition(Setup::memory()) => faults::network_partition;
+}
+
+/// Every row of the coverage table above names attacks that exist, and
+/// every attack is in some row (the table in the docs is this one).
+#[test]
+fn the_coverage_table_names_every_attack_and_only_attacks() {
+    let doc = include_str!("adversary.rs");
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.starts_with("//! | ") && !l.starts_with("//! | SECURITY"))
+        .collect();
+    assert!(rows.len() >= 30, "{} rows", rows.len());
+    let mut named = Vec::new();
+    for row in &rows {
+        let attacks = row.split(" | ").nth(2).unwrap();
+        for part in attacks.split('`').skip(1).step_by(2) {
+            named.push(part);
+        }
+    }
+    for attack in ATTACKS {
+        assert!(named.contains(attack), "{attack} is in no row");
+    }
+    for n in &named {
+        assert!(
+            ATTACKS.contains(n),
+            "the table names {n}, which is no attack"
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! `app.adv`: the capability every target node serves. Each handler counts
+//! its runs, so an attack can assert that nothing ran; the controller verb
+//! also checks, while it runs, that its sender really is the bound control
+//! plane.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use capwire::manifest::verb;
+use capwire::{Capability, HandlerError, Meta, NodeHandle, Sender, State};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+verb! {
+    /// Echoes text; any contact may call it.
+    pub struct Echo: request "app.adv" / "echo", Bootstrap, String => String;
+}
+verb! {
+    /// Only the bound control plane may call it.
+    pub struct Admin: request "app.adv" / "admin", Controller, String => String;
+}
+verb! {
+    /// Fire-and-forget; any contact may send it.
+    pub struct Note: notification "app.adv" / "note", Bootstrap, String;
+}
+verb! {
+    /// Waits until the test releases it (or it is cancelled); returns its tag.
+    pub struct Hold: request "app.adv" / "hold", Bootstrap, u64 => u64;
+}
+verb! {
+    /// Returns a text of this many bytes.
+    pub struct Blob: request "app.adv" / "blob", Bootstrap, u32 => String;
+}
+
+/// What the handlers did.
+#[derive(Debug)]
+pub struct Tally {
+    /// Every handler run, of every verb.
+    pub runs: AtomicU64,
+    pub echo: AtomicU64,
+    pub admin: AtomicU64,
+    pub note: AtomicU64,
+    pub hold: AtomicU64,
+    pub blob: AtomicU64,
+    /// `admin` runs whose sender was not the bound control plane when the
+    /// handler ran: must stay 0.
+    pub unbound_admin: AtomicU64,
+    /// `hold` handlers whose future ended (returned or dropped).
+    pub hold_ended: AtomicU64,
+    /// The cancel token of every `hold` handler, in start order.
+    pub tokens: Mutex<Vec<CancellationToken>>,
+    /// Each permit lets one `hold` handler return.
+    pub release: Semaphore,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self {
+            runs: AtomicU64::new(0),
+            echo: AtomicU64::new(0),
+            admin: AtomicU64::new(0),
+            note: AtomicU64::new(0),
+            hold: AtomicU64::new(0),
+            blob: AtomicU64::new(0),
+            unbound_admin: AtomicU64::new(0),
+            hold_ended: AtomicU64::new(0),
+            tokens: Mutex::new(Vec::new()),
+            release: Semaphore::new(0),
+        }
+    }
+}
+
+/// Reads a counter.
+pub fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::SeqCst)
+}
+
+fn count(tally: &Tally, verb: &AtomicU64) {
+    tally.runs.fetch_add(1, Ordering::SeqCst);
+    verb.fetch_add(1, Ordering::SeqCst);
+}
+
+impl Tally {
+    /// The cancel token of the `n`-th `hold` handler that started.
+    pub fn token(&self, n: usize) -> CancellationToken {
+        self.tokens.lock().unwrap()[n].clone()
+    }
+}
+
+type Shared = Arc<Tally>;
+
+async fn echo(text: String, State(t): State<Shared>) -> Result<String, HandlerError> {
+    count(&t, &t.echo);
+    Ok(format!("echo: {text}"))
+}
+
+async fn admin(
+    text: String,
+    Sender(from): Sender,
+    node: NodeHandle,
+    State(t): State<Shared>,
+) -> Result<String, HandlerError> {
+    count(&t, &t.admin);
+    if node.controller() != Some(from) {
+        t.unbound_admin.fetch_add(1, Ordering::SeqCst);
+    }
+    Ok(format!("admin: {text}"))
+}
+
+async fn note(_text: String, State(t): State<Shared>) -> Result<(), HandlerError> {
+    count(&t, &t.note);
+    Ok(())
+}
+
+struct Ended(Shared);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.hold_ended.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn hold(tag: u64, meta: Meta, State(t): State<Shared>) -> Result<u64, HandlerError> {
+    let _ended = Ended(t.clone());
+    t.tokens.lock().unwrap().push(meta.cancel.clone());
+    count(&t, &t.hold);
+    t.release.acquire().await.expect("never closed").forget();
+    Ok(tag)
+}
+
+async fn blob(len: u32, State(t): State<Shared>) -> Result<String, HandlerError> {
+    count(&t, &t.blob);
+    Ok("b".repeat(len as usize))
+}
+
+/// `app.adv` 1.0.0 with every verb above.
+pub fn capability() -> Capability {
+    Capability::new("app.adv", "1.0.0")
+        .unwrap()
+        .handle(Echo, echo)
+        .handle(Admin, admin)
+        .handle(Note, note)
+        .handle(Hold, hold)
+        .handle(Blob, blob)
+}
