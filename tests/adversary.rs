@@ -20,7 +20,7 @@
 //! | SECURITY.md item | attacks (test names) | also, or only, elsewhere |
 //! |---|---|---|
 //! | Length prefix over the limit or shorter than a tag; plaintext larger than one message | `length_prefix_over_the_handshake_limit`, `length_prefix_shorter_than_a_tag`, `record_announced_over_max_record`, `large_records_are_split_never_truncated`, `record_rules_broken` | transport/tests/security.rs `item01_*` |
-//! | Truncated frame, slow-loris peer, silent peer | `truncated_message_then_end_of_stream`, `record_rules_broken` (split record cut by the end of the stream), `slow_loris_and_silent_peers` | `item02_*` |
+//! | Truncated frame, slow-loris peer, silent peer | `truncated_message_then_end_of_stream`, `record_rules_broken` (split record cut by the end of the stream), `slow_loris_and_silent_peers`, `an_idle_closed_peer_that_keeps_its_stream_open` | `item02_*` |
 //! | Bit flip in ciphertext or tag (and tampering with the rekey) | `bit_flips_in_ciphertext_and_tag`, `rekey_abuse` | `item03_*` (nonce not advanced, checked on the `Opener`) |
 //! | Replayed, reordered, duplicated, dropped or reflected frames | `replayed_reordered_duplicated_dropped_reflected`, `replayed_and_reflected_handshakes` | `item04_*` |
 //! | Nonce counter near 2^64-1 (test hook) | `nonce_exhaustion` (the node started with the transport's start_nonce_for_testing hook) | `item05_*` |
@@ -67,7 +67,7 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 /// not turn into an allocation of that size.
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-use kit::{bind, bounds, chokepoint, faults, frames, handshake, ledger, records};
+use kit::{bind, bounds, chokepoint, faults, frames, handshake, ledger, linger, records};
 
 /// Declares the attacks: one test each, and the list of their names.
 macro_rules! attacks {
@@ -111,6 +111,10 @@ attacks! {
     real nonce_exhaustion(Setup::tcp().transport(|t| t.start_nonce_for_testing = u64::MAX - 6))
         => records::nonce_exhaustion;
     paused slow_loris_and_silent_peers(Setup::memory()) => records::slow_loris_and_silent_peers;
+    real an_idle_closed_peer_that_keeps_its_stream_open(Setup::memory().transport(|t| {
+        t.idle_timeout = Duration::from_secs(1);
+        t.keepalive_interval = Duration::from_millis(500);
+    })) => linger::an_idle_closed_peer_that_keeps_its_stream_open;
 
     // The handshake.
     real handshake_messages_out_of_turn_repeated_short_long(Setup::tcp())

@@ -15,6 +15,7 @@ pub mod faults;
 pub mod frames;
 pub mod handshake;
 pub mod ledger;
+pub mod linger;
 pub mod records;
 
 use std::time::Duration;
