@@ -542,15 +542,23 @@ impl Driver {
 
     fn arm_timer(&mut self, cx: &mut Context<'_>, now: Instant) {
         let timing = self.env.timing;
-        let (last_write, core_timeout, transport_closed) = {
+        let (last_write, core_timeout, transport_closed, closing) = {
             let state = self.session.state();
             (
                 state.tx.last_write,
                 state.core.poll_timeout(),
                 state.tx.transport_closed,
+                state.core.is_closing(),
             )
         };
-        let mut next = self.last_rx + timing.idle;
+        // Once closing, the idle deadline has done its work (it may be what
+        // closed the session); kept, it would lie in the past and fire on
+        // every pass until the close timeout.
+        let mut next = if closing {
+            now + timing.close_timeout.max(timing.idle)
+        } else {
+            self.last_rx + timing.idle
+        };
         if !transport_closed && self.out.is_none() {
             next = next.min(last_write + timing.keepalive);
         }
