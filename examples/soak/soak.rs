@@ -171,12 +171,43 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A port free now.
+/// The next port to try in [`free_port`].
+static NEXT_PORT: AtomicU64 = AtomicU64::new(0);
+
+/// A port free now, below the kernel's ephemeral range: a node is
+/// restarted on the same port, and a port from the ephemeral range could
+/// meanwhile be taken as the local port of some outgoing connection.
 fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(32768);
+    let span = 12_000.min(low.saturating_sub(1025)).max(1);
+    let base = low - span;
+    // Start somewhere that depends on this process, then walk.
+    let _ = NEXT_PORT.compare_exchange(
+        0,
+        u64::from(std::process::id()) * 7919 % span + 1,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..span {
+        let port = base + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % span;
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(format!("no free port in {base}..{low}"))
+}
+
+/// The last lines of a node's log, for an error message.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
 }
 
 /// A `kB` field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`), in KiB.
@@ -292,7 +323,10 @@ impl Slot {
     ) -> Result<NodeId, String> {
         let line = next_json(lines, Duration::from_secs(30), |v| v["event"] == "ready")
             .await
-            .map_err(|e| format!("{}: {e}", self.name))?;
+            .map_err(|e| {
+                let log = self.dir.with_extension("log");
+                format!("{}: {e}; its log: {}", self.name, log_tail(&log))
+            })?;
         let id: NodeId = line["node_id"]
             .as_str()
             .and_then(|s| NodeId::try_from(s).ok())
@@ -331,6 +365,17 @@ impl Slot {
             .as_str()
             .and_then(|i| i.parse().ok())
             .ok_or_else(|| format!("{}: no invite in {reply}", self.name))
+    }
+
+    /// How its process ended, when it ended by itself (it is then gone).
+    fn exited(&mut self) -> Option<String> {
+        let status = self.proc.as_mut()?.child.try_wait().ok()??;
+        self.proc = None;
+        let log = self.dir.with_extension("log");
+        Some(format!(
+            "the process ended by itself ({status}); its log: {}",
+            log_tail(&log)
+        ))
     }
 
     /// SIGKILL, and waits for the process to be gone.
@@ -702,6 +747,9 @@ pub(crate) struct Report {
     /// Nodes that were no longer bound to the control plane at the end
     /// (or could not say).
     pub(crate) not_bound: Vec<String>,
+    /// Nodes whose process ended without being killed, or whose metrics
+    /// could not be read.
+    pub(crate) failures: Vec<String>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -792,6 +840,9 @@ impl Report {
                 "the control plane still waits on {} calls",
                 self.cp_pending
             ));
+        }
+        for f in &self.failures {
+            v.push(f.clone());
         }
         if !self.not_bound.is_empty() {
             v.push(format!("no longer bound: {:?}", self.not_bound));
@@ -1123,6 +1174,7 @@ pub(crate) async fn run(cfg: &Config) -> Result<Report, String> {
     let mut warm_gauges = None;
     let mut cp_warm_kb = 0;
     let mut restarts = Vec::new();
+    let mut failures = Vec::new();
     let mut next_restart = cfg
         .restarts_every
         .filter(|e| !e.is_zero())
@@ -1133,6 +1185,13 @@ pub(crate) async fn run(cfg: &Config) -> Result<Report, String> {
         let now = Instant::now();
         for s in &mut cluster.slots {
             s.sample_peak();
+            if let Some(gone) = s.exited() {
+                failures.push(format!(
+                    "{} at {:.1} s: {gone}",
+                    s.name,
+                    (now - start).as_secs_f64()
+                ));
+            }
         }
         if warm_gauges.is_none() && now >= warm_at {
             for s in &mut cluster.slots {
@@ -1141,7 +1200,7 @@ pub(crate) async fn run(cfg: &Config) -> Result<Report, String> {
             cp_warm_kb = status_kb(None, "VmRSS:").unwrap_or(0);
             let mut g = Vec::new();
             for s in &cluster.slots {
-                g.push(scrape(s.metrics).await?);
+                g.push(scrape(s.metrics).await.unwrap_or_default());
             }
             warm_gauges = Some(g);
         }
@@ -1190,7 +1249,13 @@ pub(crate) async fn run(cfg: &Config) -> Result<Report, String> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut end_gauges = Vec::new();
     for s in &cluster.slots {
-        end_gauges.push(scrape(s.metrics).await?);
+        match scrape(s.metrics).await {
+            Ok(g) => end_gauges.push(g),
+            Err(e) => {
+                failures.push(format!("{}: metrics after the drain: {e}", s.name));
+                end_gauges.push(Gauges::default());
+            }
+        }
     }
     let mut not_bound = Vec::new();
     for (peer, name) in peers.iter().zip(&names) {
@@ -1317,6 +1382,7 @@ pub(crate) async fn run(cfg: &Config) -> Result<Report, String> {
             .map(|(n, g)| (n.clone(), g.copies_dropped))
             .collect(),
         not_bound,
+        failures,
     };
     if !report.violations().is_empty() {
         // Keep the nodes' state and logs for a look.
