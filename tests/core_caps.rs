@@ -1458,6 +1458,62 @@ async fn copy_counting_starts_again_for_a_new_control_plane() {
 }
 
 #[tokio::test]
+async fn a_copy_made_while_the_control_plane_is_away_is_sent_when_it_dials_again() {
+    // The control plane dials the node (it is not one of the node's
+    // contacts). A copy made while it has no session waits for it to
+    // come back, within the copy deadline, instead of being dropped.
+    let (builder, _node_log) = mon_node("node");
+    let node = builder.start().await.unwrap();
+    let key = Keypair::generate().unwrap();
+    let cp = Node::builder("control-plane")
+        .keypair(key.clone())
+        .start()
+        .await
+        .unwrap();
+    let cp_id = cp.id();
+    cp.connect_invite(&node.invite(Some(cp_id)).unwrap())
+        .await
+        .unwrap();
+    let (third_builder, _) = mon_node("third");
+    let third = third_builder.start().await.unwrap();
+    let to_node = third
+        .connect(&node.local_addrs()[0], Some(node.id()))
+        .await
+        .unwrap();
+
+    // The control plane goes away ...
+    cp.shutdown().await;
+    wait_until("the node sees the control plane go", || {
+        !node.connected_peers().contains(&cp_id)
+    })
+    .await;
+    to_node
+        .request_within(Ping, "while away".into(), CALL)
+        .await
+        .unwrap();
+    // ... and comes back, with the same key, a moment later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cp = Node::builder("control-plane")
+        .keypair(key)
+        .start()
+        .await
+        .unwrap();
+    let mut rx = cp.control_events();
+    cp.connect(&node.local_addrs()[0], Some(node.id()))
+        .await
+        .unwrap();
+    let got = copies(
+        &events_until(&mut rx, "the copy made while it was away", |e| {
+            matches!(e, ControlEvent::Copy { .. })
+        })
+        .await,
+    );
+    assert_eq!(got[0].1.body, raw("while away"));
+    assert_eq!((got[0].1.seq, got[0].1.dropped), (1, 0));
+    assert_eq!(node.stats().copies_dropped, 0);
+}
+
+#[tokio::test]
 async fn copies_dropped_for_a_full_queue_are_accounted_for_in_the_next_copy() {
     const FLOOD: u64 = 500;
     let (builder, node_log) = mon_node("node");

@@ -170,8 +170,11 @@ fn copy_of(item: &Tapped, dropped: u64, body_max: usize) -> Option<CopyRecord> {
 }
 
 /// Sends the tapped frames to the control plane, in order, until `stop`.
-/// A copy that cannot be sent (no session within a few seconds, queue
-/// full) is dropped; the next one delivered says how many were.
+/// A copy that cannot be sent (no session within [`COPY_DEADLINE`], queue
+/// full) is dropped; the next one delivered says how many were. The
+/// control plane is seldom one of the node's contacts (it dials the
+/// node), so a copy waits for its session whoever dials, rather than
+/// being dropped while the control plane reconnects.
 pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
     // Per control plane: the last seq it was sent.
     let mut last: Option<(capwire_envelope::NodeId, u64)> = None;
@@ -198,9 +201,15 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
             continue;
         };
         let peer = core.handle.peer(cp);
+        let deadline = tokio::time::Instant::now() + COPY_DEADLINE;
+        let send = async {
+            core.handle.wait_any_session(&cp, deadline).await;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            peer.notify_within(MonitoringCopy, record, left).await
+        };
         tokio::select! {
             () = stop.cancelled() => return,
-            sent = peer.notify_within(MonitoringCopy, record, COPY_DEADLINE) => match sent {
+            sent = send => match sent {
                 Ok(()) => {
                     core.tap.count_sent();
                     last = Some((cp, item.seq));

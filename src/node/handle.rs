@@ -84,6 +84,17 @@ impl NodeHandle {
     pub fn connected_peers(&self) -> Vec<NodeId> {
         self.peers.connected()
     }
+
+    /// Waits until a session with `id` is up, whoever dials it, or
+    /// `deadline`; whether one is.
+    pub(crate) async fn wait_any_session(
+        &self,
+        id: &NodeId,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        let id = capwire_transport::canonical_node_id(id);
+        self.peers.wait_any_session(&id, deadline).await.is_some()
+    }
 }
 
 impl FromContext for NodeHandle {
