@@ -11,7 +11,7 @@
 //! | integer in -2^63 ..= 2^64-1        | a number                              |
 //! | integer below -2^63                | `{"$int": "-18446744073709551616"}`   |
 //! | float (finite)                     | a number with a fraction or exponent  |
-//! | float NaN, infinity                | `{"$float": "nan" \| "inf" \| "-inf"}`|
+//! | float NaN (any payload), infinity   | `{"$float": "nan" \| "inf" \| "-inf"}`|
 //! | text string                        | a string                              |
 //! | byte string                        | `{"$bytes": "00ff"}` (lowercase hex)  |
 //! | array                              | an array                              |
@@ -23,7 +23,10 @@
 //! accepts any integer in range, `$bytes` accepts upper-case hex, and a map
 //! whose only key really is `"$bytes"` (or another of these names) is
 //! written with `$map`: `{"$map": [["$bytes", "text"]]}`. Every value the
-//! mapping produces from CBOR maps back to the same CBOR.
+//! mapping produces from CBOR maps back to the same CBOR value; the keys of
+//! a map written as a JSON object come back sorted, as JSON objects keep
+//! them, so the bytes are the same once a map's keys are in that order.
+//! JSON has one NaN: a NaN with a payload comes back as `f9 7e00`.
 //!
 //! ```
 //! use capwire::json::{cbor_to_json, json_to_cbor};

@@ -199,11 +199,18 @@ impl<'a> Cursor<'a> {
                 Err(DecodeError::SimpleValue { at, value })
             }
             25 => {
-                let h = f16::from_bits(u16::from_be_bytes(self.fixed()?));
-                Ok(Head::Float(f64::from(h)))
+                let bits = u16::from_be_bytes(self.fixed()?);
+                if is_signaling_f16(bits) {
+                    return Err(DecodeError::NonMinimalFloat { at });
+                }
+                Ok(Head::Float(f64::from(f16::from_bits(bits))))
             }
             26 => {
-                let v = f64::from(f32::from_bits(u32::from_be_bytes(self.fixed()?)));
+                let bits = u32::from_be_bytes(self.fixed()?);
+                if is_signaling_f32(bits) {
+                    return Err(DecodeError::NonMinimalFloat { at });
+                }
+                let v = f64::from(f32::from_bits(bits));
                 if fits_f16(v) {
                     return Err(DecodeError::NonMinimalFloat { at });
                 }
@@ -230,6 +237,18 @@ fn fits_f16(v: f64) -> bool {
 
 fn fits_f32(v: f64) -> bool {
     f64::from(v as f32).to_bits() == v.to_bits()
+}
+
+/// `true` for a half-precision signaling NaN (exponent all ones, quiet bit
+/// clear, some other mantissa bit set). Widening it to a double sets the
+/// quiet bit, so it has no exact value to carry and no encoder writes it.
+fn is_signaling_f16(bits: u16) -> bool {
+    bits & 0x7e00 == 0x7c00 && bits & 0x01ff != 0
+}
+
+/// `true` for a single-precision signaling NaN (see [`is_signaling_f16`]).
+fn is_signaling_f32(bits: u32) -> bool {
+    bits & 0x7fc0_0000 == 0x7f80_0000 && bits & 0x003f_ffff != 0
 }
 
 /// Validates one data item at the cursor and moves past it.
@@ -541,6 +560,36 @@ mod tests {
             err(&[0xfb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0]),
             DecodeError::NonMinimalFloat { at: 0 }
         );
+    }
+
+    #[test]
+    fn rejects_half_and_single_signaling_nans() {
+        // Signaling NaNs: widening them to a double sets the quiet bit.
+        for bad in [
+            &[0xf9, 0x7c, 0x01][..],
+            &[0xf9, 0xfd, 0xf9],
+            &[0xfa, 0x7f, 0x80, 0x00, 0x01],
+            &[0xfa, 0xff, 0xbf, 0xff, 0xff],
+        ] {
+            assert_eq!(
+                err(bad),
+                DecodeError::NonMinimalFloat { at: 0 },
+                "{bad:02x?}"
+            );
+        }
+        // Infinities, quiet NaNs (with payloads too) and a double
+        // signaling NaN, which keeps its bits, are accepted.
+        for ok in [
+            &[0xf9, 0x7c, 0x00][..],
+            &[0xf9, 0xfc, 0x00],
+            &[0xf9, 0x7e, 0x00],
+            &[0xf9, 0x7e, 0x01],
+            &[0xf9, 0xfe, 0x00],
+            &[0xfa, 0x7f, 0xc0, 0x00, 0x01],
+            &[0xfb, 0x7f, 0xf0, 0, 0, 0, 0, 0, 1],
+        ] {
+            validate(ok).unwrap_or_else(|e| panic!("{ok:02x?}: {e}"));
+        }
     }
 
     #[test]

@@ -62,7 +62,9 @@ pub enum DecodeError {
         /// The offending header.
         at: usize,
     },
-    /// A float that a shorter float encoding represents exactly.
+    /// A float that a shorter float encoding represents exactly, or a
+    /// half- or single-precision signaling NaN (which has no exact value
+    /// as a double, so that no encoder writes it).
     #[error("float not in its shortest exact form (at byte {at})")]
     NonMinimalFloat {
         /// The offending header.

@@ -1,13 +1,24 @@
 //! The body of the `frame_decode` fuzz target, shared with its property-test
 //! twin (`tests/frame_decode_twin.rs`): whatever the bytes, decoding never
 //! panics, and a frame that decodes encodes again to bytes that decode to the
-//! same frame.
+//! same frame. The whole input is also tried as one raw item: it is a
+//! `RawValue` exactly when it passes `validate`, and a valid item
+//! transcodes to itself.
 
 use capwire_envelope::{FrameRef, RawValue, decode_frame, validate};
 
 /// Checks one input. Panics only when a property is broken.
 pub(crate) fn check(data: &[u8]) {
-    let _ = validate(data);
+    let valid = validate(data).is_ok();
+    match RawValue::from_slice(data) {
+        Ok(value) => {
+            assert!(valid, "from_slice accepted what validate refuses");
+            assert_eq!(value.as_bytes(), data, "from_slice changed the bytes");
+            let again = value.decode::<RawValue>().expect("a valid item transcodes");
+            assert_eq!(again, value, "transcoding changed a valid item");
+        }
+        Err(_) => assert!(!valid, "from_slice refused what validate accepts"),
+    }
     let Ok(frame) = decode_frame(data) else {
         return;
     };
