@@ -43,8 +43,9 @@ use serde_json::{Value as Json, json};
 /// The port every node listens on (each host has its own address).
 const PORT: u16 = 7000;
 
-/// How much longer than its `--timeout` a failing `ctl` may take: the
-/// process's own start and exit on a busy machine.
+/// How much longer than its `--timeout` a `ctl` may take: the process's
+/// own start and exit on a busy machine, and its session's close on exit
+/// (up to the node's 1 s close timeout on a lossy link).
 const SLACK: Duration = Duration::from_secs(2);
 
 static LABS: AtomicUsize = AtomicUsize::new(0);
@@ -394,8 +395,9 @@ impl LabNode {
 /// Panics unless `out` is a prompt failure with a documented code for an
 /// unreachable or silent peer: 5 (no answer in time) or 6 (not reachable,
 /// connection lost), one line on stderr, nothing on stdout, and no longer
-/// than its `timeout` (plus [`SLACK`]). The code.
-fn assert_prompt_failure(out: &Out, timeout: Duration, what: &str) -> i32 {
+/// than `steps` times its `timeout` (plus [`SLACK`]): `--timeout` bounds
+/// each step of a command, the connection and then the call. The code.
+fn assert_prompt_failure(out: &Out, steps: u32, timeout: Duration, what: &str) -> i32 {
     assert!(
         out.code == 5 || out.code == 6,
         "{what}: expected exit code 5 or 6: {out:#?}"
@@ -406,8 +408,8 @@ fn assert_prompt_failure(out: &Out, timeout: Duration, what: &str) -> i32 {
     assert!(lines[0].starts_with("capwire: "), "{what}: {out:#?}");
     assert!(out.stdout.is_empty(), "{what}: nothing on stdout: {out:#?}");
     assert!(
-        out.took <= timeout + SLACK,
-        "{what}: took {:?} with --timeout {timeout:?}",
+        out.took <= timeout * steps + SLACK,
+        "{what}: took {:?} with --timeout {timeout:?} ({steps} steps)",
         out.took
     );
     out.code
@@ -503,7 +505,7 @@ fn a_cut_or_lossy_link_fails_calls_promptly_and_heals_with_the_binding_kept() {
     ] {
         let out = lab.ctl(ctl_host, &cp, args);
         codes.push((
-            assert_prompt_failure(&out, timeout, &args.join(" ")),
+            assert_prompt_failure(&out, 1, timeout, &args.join(" ")),
             out.took,
         ));
     }
@@ -543,11 +545,14 @@ fn a_cut_or_lossy_link_fails_calls_promptly_and_heals_with_the_binding_kept() {
     );
 
     // 2. A lossy (and, with netem, slow) link: every call ends within its
-    // timeout, answered or with a documented code.
+    // timeout, answered or with a documented code. Here both steps of a
+    // command can take their time: the connection (lost handshake
+    // packets) and then the call.
     let shaping = lab.degrade(alpha);
     let timeout = Duration::from_secs(1);
     let t = ms(timeout);
     let (mut ok, mut slow, mut lost) = (0, 0, 0);
+    let mut longest = Duration::ZERO;
     let started = Instant::now();
     for i in 0..10 {
         let text = format!("\"lossy {i}\"");
@@ -562,11 +567,12 @@ fn a_cut_or_lossy_link_fails_calls_promptly_and_heals_with_the_binding_kept() {
             &text,
         ];
         let out = lab.ctl(ctl_host, &cp, &args);
+        longest = longest.max(out.took);
         if out.code == 0 {
             assert_eq!(out.stdout, format!("alpha: lossy {i}\n"), "{out:#?}");
-            assert!(out.took <= timeout + SLACK, "took {:?}", out.took);
+            assert!(out.took <= timeout * 2 + SLACK, "took {:?}", out.took);
             ok += 1;
-        } else if assert_prompt_failure(&out, timeout, &args.join(" ")) == 5 {
+        } else if assert_prompt_failure(&out, 2, timeout, &args.join(" ")) == 5 {
             slow += 1;
         } else {
             lost += 1;
@@ -593,7 +599,8 @@ fn a_cut_or_lossy_link_fails_calls_promptly_and_heals_with_the_binding_kept() {
     assert_eq!(record(&set)["value"]["version"], 2);
     eprintln!(
         "lossy link ({shaping:?}): 10 calls in {lossy_for:.1?}: {ok} answered, {slow} timed out \
-         (5), {lost} unreachable (6); answered again {healed:.1?} after the heal"
+         (5), {lost} unreachable (6), the longest {longest:.1?}; answered again {healed:.1?} \
+         after the heal"
     );
 
     // 3. A session that outlives a cut: a `ctl watch` owns the state and
@@ -624,7 +631,7 @@ fn a_cut_or_lossy_link_fails_calls_promptly_and_heals_with_the_binding_kept() {
         &cp,
         &["--timeout", &t, "config", "--peer", "alpha", "get"],
     );
-    let code = assert_prompt_failure(&failed, timeout, "config get over the watch's session");
+    let code = assert_prompt_failure(&failed, 1, timeout, "config get over the watch's session");
     let out = lab.ctl_ok(
         ctl_host,
         &cp,
@@ -883,7 +890,7 @@ fn kill_9_mid_writes_loses_no_acknowledged_write_and_a_retry_applies_once() {
         let Progress { acked, took, .. } = progress.into_inner().unwrap();
         let last = *acked.last().unwrap();
         assert_eq!(in_flight, last + 1);
-        let code = assert_prompt_failure(&failed, timeout, "the write in flight");
+        let code = assert_prompt_failure(&failed, 1, timeout, "the write in flight");
 
         // Restarted on the same directory and address: the same node,
         // still bound (no invite), with every acknowledged write.
