@@ -184,8 +184,10 @@ async fn watch_monitoring(
                 cid: cid.clone(),
                 status: last,
             };
-            if events.try_send(event).is_err() {
-                tracing::debug!(cid = %cid, "child monitoring change not queued");
+            // Waits for room: the watch keeps only the newest state
+            // meanwhile, so nothing piles up and the last state arrives.
+            if events.send(event).await.is_err() {
+                return;
             }
         }
     }

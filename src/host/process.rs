@@ -288,6 +288,43 @@ async fn read_loop(
     cid: String,
     events: mpsc::Sender<HostEvent>,
 ) {
+    // The child's monitoring state is a state, not a stream of events: the
+    // reader keeps only the newest in a one-slot channel (never waiting,
+    // so replies keep flowing), and a forwarder hands it to the host's
+    // bounded event queue, waiting for room, so the last state always
+    // arrives.
+    let (status_tx, mut status_rx) =
+        tokio::sync::watch::channel(capwire_manifest::MonitoringStatus::Off);
+    status_rx.mark_unchanged();
+    let forward = {
+        let (events, cid) = (events.clone(), cid.clone());
+        tokio::spawn(async move {
+            while status_rx.changed().await.is_ok() {
+                let status = *status_rx.borrow_and_update();
+                let event = HostEvent::Monitoring {
+                    cid: cid.clone(),
+                    status,
+                };
+                if events.send(event).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    read_lines(&proc, &mut lines, &status_tx).await;
+    // The newest state goes out before the exit.
+    drop(status_tx);
+    let _ = forward.await;
+    reap(proc, cid, events).await;
+}
+
+/// Handles the child's output lines until it ends: replies to their
+/// waiters, monitoring changes into `status`.
+async fn read_lines(
+    proc: &Proc,
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    status: &tokio::sync::watch::Sender<capwire_manifest::MonitoringStatus>,
+) {
     while let Ok(Some(line)) = lines.next_line().await {
         if line.len() > MAX_LINE {
             break;
@@ -300,18 +337,18 @@ async fn read_loop(
                 let _ = tx.send(v);
             }
         } else if v["event"] == "monitoring" {
-            let status = match v["status"].as_str() {
+            let new = match v["status"].as_str() {
                 Some("on") => capwire_manifest::MonitoringStatus::On,
                 Some("pending") => capwire_manifest::MonitoringStatus::Pending,
                 _ => capwire_manifest::MonitoringStatus::Off,
             };
-            let _ = events.try_send(HostEvent::Monitoring {
-                cid: cid.clone(),
-                status,
-            });
+            status.send_replace(new);
         }
     }
-    // Its output ended: it exited (or is about to).
+}
+
+/// After the child's output ended: it exited (or is about to).
+async fn reap(proc: Arc<Proc>, cid: String, events: mpsc::Sender<HostEvent>) {
     lock(&proc.replies).clear();
     if proc.stopping.load(Ordering::SeqCst) {
         return;
