@@ -274,6 +274,31 @@ impl Peer {
         .await
     }
 
+    /// As [`Peer::notify_within`], but the notification is queued only if
+    /// `still()` holds at the moment it goes into the session's queue:
+    /// `Ok(false)` when it did not. For messages that must not reach a peer
+    /// once it lost a role (a control plane that was unbound while the
+    /// message waited for a session or for room). Not copied to the
+    /// monitoring tap.
+    pub(crate) async fn notify_if<V: NotificationVerb>(
+        &self,
+        _verb: V,
+        args: V::Args,
+        deadline: Duration,
+        still: impl Fn() -> bool,
+    ) -> Result<bool, CallError> {
+        let deadline_at = deadline_after(deadline);
+        let session = self.session(deadline_at).await?;
+        let frame = codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args)
+            .map_err(|e| CallError::Encode(e.to_string()))?;
+        // Not tapped: these go to the control plane, whose own traffic is
+        // never copied (and one not sent must not show as sent).
+        session
+            .notify_if(frame, deadline_at, still)
+            .await
+            .map_err(|e| self.lost_or(e))
+    }
+
     async fn session(&self, deadline: Instant) -> Result<Arc<Session>, CallError> {
         if self.peers.stopping().is_cancelled() {
             return Err(CallError::Shutdown);

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use capwire_authz::{BindCode, BindFailure, Binding, SharedBinding};
+use capwire_authz::{BindCode, BindFailure, BindUndo, Binding, Refused, SharedBinding};
 use capwire_envelope::{Limits as WireLimits, NodeId};
 use capwire_manifest::{Manifest, ManifestTracker, Registry};
 use tokio::sync::Notify;
@@ -130,20 +130,26 @@ impl Control {
         Ok(text)
     }
 
-    /// One bind attempt by `sender`.
+    /// A bind attempt by `sender` that `check` may still refuse once the
+    /// code is known to be right (see
+    /// [`SharedBinding::try_bind_checked`]); a refusal changes nothing.
     ///
     /// # Errors
-    /// Why it failed.
-    pub(crate) fn try_bind(
+    /// Why it failed, or what `check` said.
+    pub(crate) fn try_bind_checked<E>(
         &self,
         sender: &NodeId,
         code: &str,
         now: Instant,
-    ) -> Result<Binding, BindFailure> {
-        let result = self.binding.try_bind(sender, code, now);
+        check: impl FnOnce(&Binding) -> Result<(), E>,
+    ) -> Result<(Binding, BindUndo), Refused<E>> {
+        let result = self.binding.try_bind_checked(sender, code, now, check);
         if matches!(
             result,
-            Ok(_) | Err(BindFailure::TooManyAttempts | BindFailure::Expired)
+            Ok(_)
+                | Err(Refused::Failed(
+                    BindFailure::TooManyAttempts | BindFailure::Expired
+                ))
         ) {
             self.refresh(now);
         }
@@ -151,6 +157,17 @@ impl Control {
             tracing::info!(controller = %sender, "bound to a control plane");
         }
         result
+    }
+
+    /// Undoes a bind that could not be completed (see
+    /// [`SharedBinding::undo_bind`]); whether it was undone.
+    pub(crate) fn undo_bind(&self, undo: BindUndo, now: Instant) -> bool {
+        let undone = self.binding.undo_bind(undo);
+        if undone {
+            tracing::warn!("a bind that could not be completed was undone");
+            self.refresh(now);
+        }
+        undone
     }
 
     /// Unbinds the control plane; returns it.

@@ -178,7 +178,7 @@ fn run_events(
             any = true;
             if let Event::Run(ticket, job) = event {
                 check_job(&job, bound, seen);
-                let f = match job::start(d, &job, REMOTE, &parent, now, &mut task) {
+                let f = match job::start(d, &job, REMOTE, &parent, now, 1 << 20, &mut task) {
                     Started::Done(f) => f,
                     // A handler that waits is cancelled at once.
                     Started::Waiting { .. } => Finished::cancelled(),

@@ -171,6 +171,34 @@ pub struct PendingInfo {
     pub attempts_left: u8,
 }
 
+/// Why [`BindingState::try_bind_checked`] did not bind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused<E> {
+    /// The bind ceremony refused the attempt.
+    Failed(BindFailure),
+    /// The code was right, but the caller's check refused the bind; nothing
+    /// changed.
+    Check(E),
+}
+
+/// What a bind replaced, to put back with [`BindingState::undo_bind`] when
+/// the bind cannot be completed (its answer cannot be built, or it cannot
+/// be written). Holds the pending bind's code: zeroized on drop, and its
+/// `Debug` does not show it.
+#[derive(Debug, Clone)]
+pub struct BindUndo {
+    controller: Option<NodeId>,
+    pending: Option<PendingBind>,
+    epoch: u64,
+}
+
+impl BindUndo {
+    /// The epoch of the binding the bind made.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
 /// The binding and the pending bind, as pure state: every method takes the
 /// current time as an argument and does no I/O.
 ///
@@ -288,6 +316,82 @@ impl BindingState {
         code: &str,
         now: Instant,
     ) -> Result<Binding, BindFailure> {
+        match self.try_bind_checked(sender, code, now, |_| Ok::<(), ()>(())) {
+            Ok((binding, _undo)) => Ok(binding),
+            Err(Refused::Failed(f)) => Err(f),
+            // The check above never refuses.
+            Err(Refused::Check(())) => Err(BindFailure::NoPending),
+        }
+    }
+
+    /// As [`try_bind`](Self::try_bind), with one more step between a right
+    /// code and the bind: `check` sees the binding the bind would make and
+    /// may refuse it (say, because the answer to the bind could not be
+    /// delivered). A refusal changes nothing: the code is not used up and
+    /// no attempt is counted. On success, the [`BindUndo`] puts everything
+    /// back if the bind cannot be completed after all
+    /// ([`undo_bind`](Self::undo_bind)).
+    ///
+    /// ```
+    /// use std::time::Instant;
+    /// use capwire_authz::{BindCode, BindingState, Refused};
+    /// use capwire_envelope::NodeId;
+    ///
+    /// let (cp, now) = (NodeId::from_bytes([7; 32]), Instant::now());
+    /// let mut state = BindingState::new();
+    /// state.create_pending(BindCode::parse("ABCDE23456").unwrap(), None, now);
+    /// let refused = state.try_bind_checked(&cp, "ABCDE23456", now, |_| Err("too large"));
+    /// assert!(matches!(refused, Err(Refused::Check("too large"))));
+    /// assert_eq!(state.pending(now).unwrap().attempts_left, 3, "nothing used");
+    ///
+    /// let (binding, undo) = state.try_bind_checked(&cp, "ABCDE23456", now, |_| Ok::<(), ()>(())).unwrap();
+    /// assert_eq!(binding.controller(), Some(&cp));
+    /// assert!(state.undo_bind(undo));
+    /// assert_eq!(state.binding().controller(), None);
+    /// assert!(state.binding().epoch() > binding.epoch(), "epochs only grow");
+    /// assert!(state.pending(now).is_some(), "the code works again");
+    /// ```
+    ///
+    /// # Errors
+    /// [`Refused::Failed`] with the [`BindFailure`] reason, or
+    /// [`Refused::Check`] with what `check` said.
+    pub fn try_bind_checked<E>(
+        &mut self,
+        sender: &NodeId,
+        code: &str,
+        now: Instant,
+        check: impl FnOnce(&Binding) -> Result<(), E>,
+    ) -> Result<(Binding, BindUndo), Refused<E>> {
+        self.verify(sender, code, now).map_err(Refused::Failed)?;
+        let next = self.binding.bumped(Some(*sender));
+        check(&next).map_err(Refused::Check)?;
+        let undo = BindUndo {
+            controller: self.binding.controller().copied(),
+            pending: self.pending.take(),
+            epoch: next.epoch(),
+        };
+        self.binding = next;
+        Ok((next, undo))
+    }
+
+    /// Puts back what the bind that gave `undo` replaced: the control
+    /// plane bound before it (under a new epoch, so that nothing decided
+    /// under the undone bind holds) and its pending bind, with the attempts
+    /// it had left, unless a newer one was made since. Only while that bind
+    /// is still the current binding; `false` (and nothing done) otherwise.
+    pub fn undo_bind(&mut self, undo: BindUndo) -> bool {
+        if self.binding.epoch() != undo.epoch {
+            return false;
+        }
+        self.binding = self.binding.bumped(undo.controller);
+        if self.pending.is_none() {
+            self.pending = undo.pending;
+        }
+        true
+    }
+
+    /// The checks of a bind attempt, in order; a wrong code uses an attempt.
+    fn verify(&mut self, sender: &NodeId, code: &str, now: Instant) -> Result<(), BindFailure> {
         let Some(pending) = self.pending.as_mut() else {
             return Err(BindFailure::NoPending);
         };
@@ -308,9 +412,7 @@ impl BindingState {
                 attempts_left: BIND_MAX_ATTEMPTS - pending.attempts_used,
             });
         }
-        self.pending = None;
-        self.binding = self.binding.bumped(Some(*sender));
-        Ok(self.binding)
+        Ok(())
     }
 
     /// Unbinds (`core.monitoring/disable`): clears the binding and bumps the
@@ -374,6 +476,26 @@ impl SharedBinding {
         now: Instant,
     ) -> Result<Binding, BindFailure> {
         self.lock().try_bind(sender, code, now)
+    }
+
+    /// See [`BindingState::try_bind_checked`]; `check` runs under the
+    /// lock, so it must not block.
+    ///
+    /// # Errors
+    /// As [`BindingState::try_bind_checked`].
+    pub fn try_bind_checked<E>(
+        &self,
+        sender: &NodeId,
+        code: &str,
+        now: Instant,
+        check: impl FnOnce(&Binding) -> Result<(), E>,
+    ) -> Result<(Binding, BindUndo), Refused<E>> {
+        self.lock().try_bind_checked(sender, code, now, check)
+    }
+
+    /// See [`BindingState::undo_bind`].
+    pub fn undo_bind(&self, undo: BindUndo) -> bool {
+        self.lock().undo_bind(undo)
     }
 
     /// See [`BindingState::unbind`].

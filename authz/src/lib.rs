@@ -69,7 +69,9 @@ mod gate;
 // The chokepoint: the decision function and the permit it grants.
 mod decide;
 
-pub use bind::{BindCode, BindFailure, BindingState, PendingInfo, SharedBinding};
+pub use bind::{
+    BindCode, BindFailure, BindUndo, BindingState, PendingInfo, Refused, SharedBinding,
+};
 pub use binding::Binding;
 pub use capwire_manifest::{AuthClass, DeclaredClass};
 pub use decide::{Decision, OwnedPermit, Permit, control_auth_class, decide};

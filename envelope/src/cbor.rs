@@ -336,6 +336,26 @@ pub fn validate(bytes: &[u8]) -> Result<(), DecodeError> {
     cur.finish()
 }
 
+/// As [`validate`], with at most `max_depth` levels of arrays and maps
+/// (counting the item itself when it is one) instead of [`MAX_DEPTH`]: for
+/// an item that will be embedded `MAX_DEPTH - max_depth` levels deep in
+/// another (a value stored now and answered later inside a larger result).
+///
+/// ```
+/// let nested = capwire_envelope::to_vec(&vec![vec![1u8]]).unwrap(); // 2 levels
+/// assert!(capwire_envelope::validate_nested(&nested, 2).is_ok());
+/// assert!(capwire_envelope::validate_nested(&nested, 1).is_err());
+/// ```
+///
+/// # Errors
+/// As [`validate`]; [`DecodeError::DepthExceeded`] beyond `max_depth`
+/// (its `max` names the profile's [`MAX_DEPTH`]).
+pub fn validate_nested(bytes: &[u8], max_depth: usize) -> Result<(), DecodeError> {
+    let mut cur = Cursor::new(bytes);
+    skip_item(&mut cur, max_depth.min(MAX_DEPTH))?;
+    cur.finish()
+}
+
 /// The longest header: an initial byte and an 8-byte argument.
 const MAX_HEAD_LEN: usize = 9;
 

@@ -48,7 +48,7 @@ mod id;
 mod raw;
 mod transcode;
 
-pub use cbor::{MAX_DEPTH, validate};
+pub use cbor::{MAX_DEPTH, validate, validate_nested};
 pub use code::{
     AppCode, CloseCode, ErrorBody, ErrorCode, MAX_APP_CODE_LEN, MAX_MESSAGE_LEN, MAX_REASON_LEN,
 };

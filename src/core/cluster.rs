@@ -284,7 +284,8 @@ impl CoreState {
                 .await;
         };
         // The control plane comes from the binding, never from the args.
-        let controller = self.control.binding().controller().copied();
+        let binding = self.control.binding();
+        let controller = binding.controller().copied();
         if args.enabled && controller.is_none() {
             let e = ErrorBody::new(
                 ErrorCode::NotBound,
@@ -327,8 +328,22 @@ impl CoreState {
         let Some(mut m) = d.roster.get(&args.cid).cloned() else {
             return Err(HandlerError::from(not_found(&args.cid)));
         };
-        m.monitoring = monitoring_str(monitoring).to_owned();
         m.watcher = if args.enabled { controller } else { None };
+        if args.enabled && self.control.binding().epoch() != binding.epoch() {
+            // The parent's binding changed while the bind was opened: it is
+            // for a control plane that is not this node's any more. The
+            // child is `off`, and its bind is released like any other a
+            // binding change leaves behind.
+            m.monitoring = monitoring_str(MonitoringStatus::Off).to_owned();
+            self.write_roster::<()>(&mut d, vec![m], vec![], None)
+                .await?;
+            self.release_wanted.notify_one();
+            return Err(HandlerError::new(
+                ErrorCode::Unauthorized,
+                "unauthorized: the binding changed while the verb ran",
+            ));
+        }
+        m.monitoring = monitoring_str(monitoring).to_owned();
         let result = Ok(view(&m));
         self.write_roster(&mut d, vec![m], vec![], Some((&key, &result)))
             .await?;
@@ -437,6 +452,17 @@ impl CoreState {
                 m.status = status_str(ChildStatus::Exited).to_owned();
             }
             HostEvent::Monitoring { status, .. } => {
+                // `on` and `pending` mean "watched by this node's control
+                // plane" only while the bind was opened for it; a child
+                // still bound to a former one is `off` here (and is being
+                // released from it).
+                let controller = self.control.binding().controller().copied();
+                let for_ours = m.watcher.is_some() && m.watcher == controller;
+                let status = if for_ours {
+                    status
+                } else {
+                    MonitoringStatus::Off
+                };
                 m.monitoring = monitoring_str(status).to_owned();
             }
         }
@@ -449,11 +475,81 @@ impl CoreState {
     }
 }
 
+impl CoreState {
+    /// Releases every child still bound to, or holding a bind open for, a
+    /// control plane that is no longer this node's: the host unbinds it
+    /// and drops its pending bind, then the member's `watcher` is cleared.
+    /// A child the host cannot reach now (not running, or failing) keeps
+    /// its `watcher` and is released on the next binding change or when
+    /// the parent starts again. The roster already says `off` for them
+    /// (written with the binding change).
+    async fn release_children(&self) {
+        let to_release = {
+            let d = self.durable.lock().await;
+            d.roster.to_release(self.control.binding().controller())
+        };
+        for (cid, watcher) in to_release {
+            if let Err(e) = self.host_call(self.host.close_bind(&cid)).await {
+                tracing::warn!(
+                    cid = %cid, error = ?e,
+                    "child not released from its former control plane yet"
+                );
+                continue;
+            }
+            lock(&self.invites).remove(&cid);
+            let mut d = self.durable.lock().await;
+            let Some(mut m) = d.roster.get(&cid).cloned() else {
+                continue;
+            };
+            if m.watcher != Some(watcher) {
+                continue;
+            }
+            m.watcher = None;
+            let visible = m.monitoring != monitoring_str(MonitoringStatus::Off);
+            m.monitoring = monitoring_str(MonitoringStatus::Off).to_owned();
+            // The watcher alone is not in the roster's view: no new version
+            // for it.
+            let meta = if visible {
+                d.roster.bumped(d.roster.meta)
+            } else {
+                d.roster.meta
+            };
+            if let Err(e) = self
+                .write_roster_meta::<()>(&mut d, meta, vec![m], vec![], None)
+                .await
+            {
+                tracing::error!(error = ?e, "roster change not written");
+            }
+        }
+    }
+}
+
+/// Releases children from former control planes whenever the binding
+/// changes, one cluster operation at a time, until `stop`.
+pub(crate) async fn release_loop(core: Arc<CoreState>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = core.release_wanted.notified() => {}
+        }
+        // Stopped midway, a child keeps its `watcher` and is released when
+        // the node starts again.
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = async {
+                let _ops = core.cluster_ops.lock().await;
+                core.release_children().await;
+            } => {}
+        }
+    }
+}
+
 /// Brings the roster in line with the host after a (re)start: children
 /// that should run are started again (with the same identity), removals
 /// that were under way are finished, creates that were under way are
-/// completed (their requests, retried, find them), and binds that were
-/// open for the control plane are opened again.
+/// completed (their requests, retried, find them), binds that were open
+/// for the control plane are opened again, and children left bound to a
+/// former control plane are released from it.
 pub(crate) async fn reconcile(core: Arc<CoreState>) {
     let _ops = core.cluster_ops.lock().await;
     let members: Vec<MemberRecord> = core
@@ -520,6 +616,9 @@ pub(crate) async fn reconcile(core: Arc<CoreState>) {
             }
         }
     }
+    // Children still bound to a control plane the parent lost while it was
+    // down (or before it could release them) are released now that they run.
+    core.release_children().await;
 }
 
 /// Pushes every roster change to the bound control plane, newest first
@@ -532,16 +631,29 @@ pub(crate) async fn push_loop(core: Arc<CoreState>, stop: CancellationToken) {
             changed = rx.changed() => if changed.is_err() { return },
         }
         let roster = rx.borrow_and_update().clone();
-        let Some(cp) = core.control.binding().controller().copied() else {
+        let binding = core.control.binding();
+        let Some(cp) = binding.controller().copied() else {
             continue;
         };
         let peer = core.handle.peer(cp);
+        // The control plane dials the node (it is seldom a contact): the
+        // push waits for its session whoever dials, and goes out only under
+        // the binding it was meant for (see `copy_loop`).
+        let deadline = tokio::time::Instant::now() + PUSH_DEADLINE;
+        let send = async {
+            core.handle.wait_any_session(&cp, deadline).await;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            peer.notify_if(ClusterRoster, roster, left, || {
+                core.control.binding().epoch() == binding.epoch()
+            })
+            .await
+        };
         tokio::select! {
             () = stop.cancelled() => return,
-            sent = peer.notify_within(ClusterRoster, roster, PUSH_DEADLINE) => {
-                if let Err(e) = sent {
-                    tracing::debug!(error = %e, "roster push not delivered");
-                }
+            sent = send => match sent {
+                Ok(true) => {}
+                Ok(false) => tracing::debug!("roster push not sent: the binding changed"),
+                Err(e) => tracing::debug!(error = %e, "roster push not delivered"),
             }
         }
     }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use capwire_envelope::{ErrorBody, ErrorCode, RawValue};
+use capwire_envelope::{ErrorBody, ErrorCode, MAX_DEPTH, RawValue, validate_nested};
 use capwire_manifest::{ConfigValue, GetConfig, NoArgs, SetConfig, SetConfigArgs, SetConfigReply};
 use tokio::sync::watch;
 
@@ -66,12 +66,45 @@ fn conflict(current: u64) -> ErrorBody {
     body
 }
 
+/// The largest configuration, encoded: `get_config`'s answer then fits in
+/// the smallest `max_record` a peer may announce (64 KiB), with room for
+/// the response frame around it.
+pub(crate) const MAX_CONFIG_BYTES: usize = 63 * 1024;
+
+/// The deepest configuration, in levels of arrays and maps: the bind's
+/// answer embeds it two levels down (`result.config.value`), and the
+/// profile allows 32 levels in all.
+pub(crate) const MAX_CONFIG_DEPTH: usize = MAX_DEPTH - 2;
+
+/// `too_large` or `bad_args` for a configuration a node does not keep.
+fn check_value(value: &RawValue) -> Result<(), HandlerError> {
+    let len = value.as_bytes().len();
+    if len > MAX_CONFIG_BYTES {
+        return Err(HandlerError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "a configuration is at most {MAX_CONFIG_BYTES} bytes encoded; this one is {len}"
+            ),
+        ));
+    }
+    if validate_nested(value.as_bytes(), MAX_CONFIG_DEPTH).is_err() {
+        return Err(HandlerError::new(
+            ErrorCode::BadArgs,
+            format!("a configuration is nested at most {MAX_CONFIG_DEPTH} levels deep"),
+        ));
+    }
+    Ok(())
+}
+
 async fn set_config(
     args: SetConfigArgs,
     Sender(from): Sender,
     meta: Meta,
     Core(core): Core,
 ) -> Result<SetConfigReply, HandlerError> {
+    // Refused before anything is looked up or written: every answer that
+    // carries the configuration must be able to.
+    check_value(&args.value)?;
     let key = OnceKey::of::<SetConfig>(from, &meta.req_id);
     let c = core.clone();
     core.detached(async move {

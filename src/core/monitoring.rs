@@ -6,16 +6,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use capwire_envelope::{FrameRef, RawValue, decode_frame};
+use capwire_authz::{Binding, Refused};
+use capwire_envelope::{
+    ErrorBody, ErrorCode, FrameRef, MAX_DEPTH, NodeId, RawValue, decode_frame, validate_nested,
+};
 use capwire_manifest::{
-    BindArgs, BindReply, CopyDirection, CopyRecord, MonitoringBind, MonitoringCopy,
-    MonitoringDisable, MonitoringStatusRead, MonitoringStatusReply, NoArgs,
+    BindArgs, BindReply, ConfigValue, CopyDirection, CopyRecord, Manifest, MonitoringBind,
+    MonitoringCopy, MonitoringDisable, MonitoringStatus, MonitoringStatusRead,
+    MonitoringStatusReply, NoArgs, Roster as RosterView,
 };
 use tokio_util::sync::CancellationToken;
 
 use crate::core::events::ControlEvent;
 use crate::core::state::{Core, CoreState, config_value};
-use crate::dispatch::extract::Sender;
+use crate::dispatch::extract::{ReplyRoom, Sender};
 use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
 use crate::tap::{Tapped, Way};
 
@@ -26,40 +30,107 @@ fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
 
-fn internal(e: impl std::fmt::Display) -> HandlerError {
-    HandlerError::new(capwire_envelope::ErrorCode::Internal, e.to_string())
+/// What a response frame adds around its result, at most: the frame map,
+/// its `type`, `req_id` (64 bytes at most) and `ok` keys.
+pub(crate) const RESPONSE_OVERHEAD: usize = 128;
+
+/// The answer to a bind from its parts, checked: `too_large` when it would
+/// not fit in a frame of `room` bytes (or in the profile), so that a bind
+/// that could not be answered is refused instead of made.
+fn bind_reply(
+    manifest: Manifest,
+    roster: &RosterView,
+    config: &ConfigValue,
+    room: usize,
+) -> Result<BindReply, ErrorBody> {
+    let too_large = |e: String| ErrorBody::new(ErrorCode::TooLarge, e);
+    let reply = BindReply {
+        manifest,
+        members: RawValue::encode(&roster.members)
+            .map_err(|e| too_large(format!("the roster does not encode: {e}")))?,
+        config: RawValue::encode(config)
+            .map_err(|e| too_large(format!("the configuration does not encode: {e}")))?,
+        version: roster.version,
+    };
+    let len = RawValue::encode(&reply)
+        .map_err(|e| too_large(format!("the answer to the bind does not encode: {e}")))?
+        .as_bytes()
+        .len();
+    if len.saturating_add(RESPONSE_OVERHEAD) > room {
+        return Err(too_large(format!(
+            "the answer to the bind (the manifest, roster and configuration: {len} bytes) \
+             is larger than the {room} bytes a frame to the control plane may have"
+        )));
+    }
+    Ok(reply)
+}
+
+/// The answer a bind by the control plane of `next` would get, from what
+/// the node holds now (the manifest as the bind makes it, the roster with
+/// children watched for another control plane `off`).
+fn precheck(
+    mut manifest: Manifest,
+    mut roster: RosterView,
+    config: &ConfigValue,
+    current: Option<NodeId>,
+    next: &Binding,
+    room: usize,
+) -> Result<(), ErrorBody> {
+    manifest.monitoring = MonitoringStatus::On;
+    manifest.epoch = manifest.epoch.saturating_add(1);
+    if next.controller() != current.as_ref() {
+        let mut changed = false;
+        for m in &mut roster.members {
+            changed |= m.monitoring != MonitoringStatus::Off;
+            m.monitoring = MonitoringStatus::Off;
+        }
+        roster.version += u64::from(changed);
+    }
+    bind_reply(manifest, &roster, config, room).map(drop)
 }
 
 async fn bind(
     args: BindArgs,
     Sender(from): Sender,
+    ReplyRoom(room): ReplyRoom,
     Core(core): Core,
 ) -> Result<BindReply, HandlerError> {
     // The binding changes at once (on the handler's first poll, in order
-    // with the envelopes around it); the answer waits until it is written.
-    let binding = core
+    // with the envelopes around it), but only once the code is right and
+    // an answer is known to fit; the answer waits until the bind is
+    // written, and a bind that cannot be written or answered is undone.
+    let (manifest, roster, config) = (core.control.manifest(), core.roster(), core.config());
+    let current = core.control.binding().controller().copied();
+    let (_, undo) = core
         .control
-        .try_bind(&from, &args.code, now())
-        .map_err(|f| HandlerError::from(f.error_body()))?;
-    core.tap.set_controller(binding.controller().copied());
+        .try_bind_checked(&from, &args.code, now(), |next| {
+            precheck(manifest, roster, &config, current, next, room)
+        })
+        .map_err(|refused| match refused {
+            Refused::Failed(f) => HandlerError::from(f.error_body()),
+            Refused::Check(body) => HandlerError::from(body),
+        })?;
+    core.tap.set_controller(Some(from));
     let c = core.clone();
     core.detached(async move {
-        let d = c.durable.lock().await;
-        if let Err(e) = c.save_binding().await {
-            // Not written: not bound.
-            if c.control.binding().is_controller(&from) {
-                c.control.unbind(now());
-                c.tap.set_controller(None);
-            }
-            return Err(e);
+        let mut d = c.durable.lock().await;
+        let change = c.binding_change(&d);
+        let completed = match bind_reply(
+            c.control.manifest(),
+            &change.roster(&d),
+            &config_value(&d.config),
+            room,
+        ) {
+            Ok(reply) => c.commit_binding(&mut d, change).await.map(|()| reply),
+            Err(body) => Err(HandlerError::from(body)),
+        };
+        if completed.is_err() {
+            // Not written, or not answerable: not bound.
+            c.control.undo_bind(undo, now());
+            c.tap
+                .set_controller(c.control.binding().controller().copied());
         }
-        let roster = d.roster.view();
-        Ok(BindReply {
-            manifest: c.control.manifest(),
-            members: RawValue::encode(&roster.members).map_err(internal)?,
-            config: RawValue::encode(&config_value(&d.config)).map_err(internal)?,
-            version: roster.version,
-        })
+        completed
     })
     .await
 }
@@ -70,8 +141,8 @@ async fn disable(_args: NoArgs, Core(core): Core) -> Result<(), HandlerError> {
     core.tap.set_controller(None);
     let c = core.clone();
     core.detached(async move {
-        let _d = c.durable.lock().await;
-        c.save_binding().await
+        let mut d = c.durable.lock().await;
+        c.save_binding(&mut d).await
     })
     .await
 }
@@ -100,21 +171,23 @@ async fn copy(
 
 impl CoreState {
     /// Unbinds the control plane, durably; returns the one that was bound.
-    pub(crate) async fn unbind(&self) -> Result<Option<capwire_envelope::NodeId>, HandlerError> {
+    pub(crate) async fn unbind(&self) -> Result<Option<NodeId>, HandlerError> {
         let previous = self.control.unbind(now());
         self.tap.set_controller(None);
         if previous.is_some() {
-            let _d = self.durable.lock().await;
-            self.save_binding().await?;
+            let mut d = self.durable.lock().await;
+            self.save_binding(&mut d).await?;
         }
         Ok(previous)
     }
 }
 
 pub(crate) fn bind_handler() -> RouteHandler {
-    Arc::new(RouteEntry::new(
-        Typed::<MonitoringBind, (Sender, Core), _>::new(bind),
-    ))
+    Arc::new(RouteEntry::new(Typed::<
+        MonitoringBind,
+        (Sender, ReplyRoom, Core),
+        _,
+    >::new(bind)))
 }
 
 pub(crate) fn disable_handler() -> RouteHandler {
@@ -144,7 +217,11 @@ fn copy_of(item: &Tapped, dropped: u64, body_max: usize) -> Option<CopyRecord> {
         return None;
     };
     let body_len = item.cut.unwrap_or(c.args.len() as u64);
-    let truncated = item.cut.is_some() || c.args.len() > body_max;
+    // The record embeds the body one level down: args nested as deep as a
+    // frame allows would break the profile there, and are left out as a
+    // long body is (a deep item is at least as long as it is deep).
+    let too_deep = c.args.len() >= MAX_DEPTH && validate_nested(c.args, MAX_DEPTH - 1).is_err();
+    let truncated = item.cut.is_some() || c.args.len() > body_max || too_deep;
     let body = if truncated {
         RawValue::null()
     } else {
@@ -174,10 +251,13 @@ fn copy_of(item: &Tapped, dropped: u64, body_max: usize) -> Option<CopyRecord> {
 /// full) is dropped; the next one delivered says how many were. The
 /// control plane is seldom one of the node's contacts (it dials the
 /// node), so a copy waits for its session whoever dials, rather than
-/// being dropped while the control plane reconnects.
+/// being dropped while the control plane reconnects. A copy goes out only
+/// under the binding it was taken for: the binding is checked again at the
+/// moment the copy enters the session's queue, so a control plane unbound
+/// while the copy waited never gets it.
 pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
     // Per control plane: the last seq it was sent.
-    let mut last: Option<(capwire_envelope::NodeId, u64)> = None;
+    let mut last: Option<(NodeId, u64)> = None;
     loop {
         let Some((cp, base, item)) = core.tap.pop() else {
             tokio::select! {
@@ -187,7 +267,8 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
         };
         // A copy taken for a control plane that is no longer bound is not
         // sent to it.
-        if core.control.binding().controller() != Some(&cp) {
+        let binding = core.control.binding();
+        if binding.controller() != Some(&cp) {
             core.tap.count_dropped(1);
             continue;
         }
@@ -205,14 +286,21 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
         let send = async {
             core.handle.wait_any_session(&cp, deadline).await;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            peer.notify_within(MonitoringCopy, record, left).await
+            peer.notify_if(MonitoringCopy, record, left, || {
+                core.control.binding().epoch() == binding.epoch()
+            })
+            .await
         };
         tokio::select! {
             () = stop.cancelled() => return,
             sent = send => match sent {
-                Ok(()) => {
+                Ok(true) => {
                     core.tap.count_sent();
                     last = Some((cp, item.seq));
+                }
+                Ok(false) => {
+                    core.tap.count_dropped(1);
+                    tracing::debug!(seq = item.seq, "monitoring copy dropped: the binding changed");
                 }
                 Err(e) => {
                     core.tap.count_dropped(1);

@@ -161,6 +161,45 @@ impl Roster {
         }
     }
 
+    /// What a change of the binding to `controller` does to the roster:
+    /// every member watched, or about to be, for another control plane is
+    /// `off` from now on (its `watcher` stays until the child's bind is
+    /// released: see [`Roster::to_release`]).
+    pub(crate) fn handed_over(&self, controller: Option<&NodeId>) -> Vec<MemberRecord> {
+        self.members
+            .values()
+            .filter(|m| {
+                m.watcher.as_ref() != controller
+                    && m.watcher.is_some()
+                    && parse_monitoring(&m.monitoring) != MonitoringStatus::Off
+            })
+            .map(|m| MemberRecord {
+                monitoring: monitoring_str(MonitoringStatus::Off).to_owned(),
+                ..m.clone()
+            })
+            .collect()
+    }
+
+    /// The children that may still be bound to a control plane that is
+    /// not `controller` (or have a bind open for it): (cid, that control
+    /// plane).
+    pub(crate) fn to_release(&self, controller: Option<&NodeId>) -> Vec<(String, NodeId)> {
+        self.members
+            .values()
+            .filter_map(|m| {
+                let watcher = m.watcher?;
+                (Some(&watcher) != controller).then(|| (m.cid.clone(), watcher))
+            })
+            .collect()
+    }
+
+    /// The roster as it will be once `put` is applied under `meta`.
+    pub(crate) fn view_with(&self, meta: RosterMeta, put: &[MemberRecord]) -> RosterView {
+        let mut next = self.clone();
+        next.apply(meta, put, &[]);
+        next.view()
+    }
+
     /// Applies a written change.
     pub(crate) fn apply(&mut self, meta: RosterMeta, put: &[MemberRecord], del: &[String]) {
         self.meta = meta;

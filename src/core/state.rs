@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
+use capwire_authz::Binding;
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{ConfigValue, Roster as RosterView, VerbDef};
 use serde::Serialize;
@@ -25,7 +26,10 @@ use crate::invite::Invite;
 use crate::net::Net;
 use crate::net::peers::Contact;
 use crate::node::handle::NodeHandle;
-use crate::store::{AnswerKey, Batch, BindingRecord, ConfigRecord, ContactRecord, Loaded, Store};
+use crate::store::{
+    AnswerKey, Batch, BindingRecord, ConfigRecord, ContactRecord, Loaded, MemberRecord, RosterMeta,
+    Store,
+};
 use crate::tap::{Tap, unix_ms};
 
 /// The durable state, in memory. Changed only under [`CoreState::durable`].
@@ -35,6 +39,27 @@ pub(crate) struct Durable {
     pub(crate) config: ConfigRecord,
     pub(crate) contacts: BTreeMap<NodeId, ContactRecord>,
     pub(crate) roster: Roster,
+}
+
+/// A binding change, decided and not yet written: see
+/// [`CoreState::binding_change`].
+#[derive(Debug)]
+pub(crate) struct BindingChange {
+    pub(crate) binding: Binding,
+    /// Members watched for another control plane, now `off`.
+    pub(crate) handed_over: Vec<MemberRecord>,
+    /// The roster's counters after the change, when it changes the roster.
+    pub(crate) meta: Option<RosterMeta>,
+}
+
+impl BindingChange {
+    /// The roster as it is once the change is applied.
+    pub(crate) fn roster(&self, d: &Durable) -> RosterView {
+        match self.meta {
+            Some(meta) => d.roster.view_with(meta, &self.handed_over),
+            None => d.roster.view(),
+        }
+    }
 }
 
 /// Bounds the core capabilities work within.
@@ -96,6 +121,8 @@ pub(crate) struct CoreState {
     /// Cluster operations run one at a time (they wait for the host
     /// between their durable steps).
     pub(crate) cluster_ops: tokio::sync::Mutex<()>,
+    /// Wakes the task that releases children from a former control plane.
+    pub(crate) release_wanted: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for CoreState {
@@ -174,6 +201,7 @@ impl CoreState {
             dialer: OnceLock::new(),
             invites: Mutex::new(HashMap::new()),
             cluster_ops: tokio::sync::Mutex::new(()),
+            release_wanted: tokio::sync::Notify::new(),
         };
         (me, expired)
     }
@@ -258,18 +286,58 @@ impl CoreState {
         tokio::spawn(f).await.map_err(internal)?
     }
 
-    /// Writes the binding as it is now (after a bind or unbind). Called
-    /// under the durable lock, so the last write is of the latest binding.
-    pub(crate) async fn save_binding(&self) -> Result<(), HandlerError> {
+    /// What the binding as it is now (after a bind or unbind) changes in
+    /// the durable state: the binding record, and the children watched for
+    /// another control plane, which go `off`. Nothing is written yet.
+    pub(crate) fn binding_change(&self, d: &Durable) -> BindingChange {
         let binding = self.control.binding();
+        let handed_over = d.roster.handed_over(binding.controller());
+        let meta = (!handed_over.is_empty()).then(|| d.roster.bumped(d.roster.meta));
+        BindingChange {
+            binding,
+            handed_over,
+            meta,
+        }
+    }
+
+    /// Writes `change` and applies it; the children it took from their
+    /// former control plane are then released from it in the background
+    /// ([`release_loop`](crate::core::cluster::release_loop)). Called
+    /// under the durable lock, so the last write is of the latest binding.
+    ///
+    /// # Errors
+    /// `internal` when the store refused the write; nothing was written.
+    pub(crate) async fn commit_binding(
+        &self,
+        d: &mut Durable,
+        change: BindingChange,
+    ) -> Result<(), HandlerError> {
         self.commit(Batch {
             binding: Some(BindingRecord {
-                controller: binding.controller().copied(),
-                epoch: binding.epoch(),
+                controller: change.binding.controller().copied(),
+                epoch: change.binding.epoch(),
             }),
+            roster: change.meta,
+            put_members: change.handed_over.clone(),
             ..Batch::default()
         })
-        .await
+        .await?;
+        if let Some(meta) = change.meta {
+            d.roster.apply(meta, &change.handed_over, &[]);
+            self.publish_roster(d);
+        }
+        self.release_wanted.notify_one();
+        Ok(())
+    }
+
+    /// Writes the binding as it is now, with what it changes
+    /// ([`binding_change`](Self::binding_change)).
+    ///
+    /// # Errors
+    /// As [`commit_binding`](Self::commit_binding).
+    pub(crate) async fn save_binding(&self, d: &mut Durable) -> Result<(), HandlerError> {
+        let change = self.binding_change(d);
+        self.commit_binding(d, change).await
     }
 
     /// The configuration now.

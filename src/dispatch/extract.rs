@@ -62,6 +62,8 @@ pub struct Context {
     pub(crate) parent: CancellationToken,
     /// The job's own token, made when an extractor first asks for it.
     pub(crate) cancel: Option<CancellationToken>,
+    /// The largest frame that can carry the answer to the sender.
+    pub(crate) reply_room: usize,
 }
 
 impl std::fmt::Debug for Context {
@@ -155,6 +157,18 @@ impl FromContext for Meta {
             deadline: cx.deadline,
             cancel: cx.cancel_token(),
         })
+    }
+}
+
+/// The largest response frame the sender can take (the smaller of its
+/// `max_record` and ours): the core capabilities check that an answer fits
+/// before they change anything for it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplyRoom(pub(crate) usize);
+
+impl FromContext for ReplyRoom {
+    fn from_context(cx: &mut Context) -> Result<Self, HandlerError> {
+        Ok(ReplyRoom(cx.reply_room))
     }
 }
 

@@ -73,13 +73,15 @@ pub(crate) enum Started {
 
 /// Starts `job` for `sender` and polls it once with `task`'s waker, so a
 /// handler that does not wait costs no task and no wake-up. `parent` is
-/// the session's handler token.
+/// the session's handler token; `reply_room` the largest frame that can
+/// carry the answer to the sender.
 pub(crate) fn start(
     dispatcher: &Dispatcher,
     job: &Job,
     sender: NodeId,
     parent: &CancellationToken,
     now: Instant,
+    reply_room: usize,
     task: &mut TaskContext<'_>,
 ) -> Started {
     // A binding change since the decision takes effect here (bootstrap
@@ -107,6 +109,7 @@ pub(crate) fn start(
         extensions: dispatcher.extensions().clone(),
         parent: parent.clone(),
         cancel: None,
+        reply_room,
     };
     let handler = job.permit.handler().handler();
     let mut future = match catch_unwind(AssertUnwindSafe(|| handler.start(&job.args, &mut cx))) {

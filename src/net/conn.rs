@@ -393,7 +393,10 @@ impl Driver {
                     self.events.push(e);
                 }
             }
-            let closing = self.session.lock().is_closing();
+            let (closing, reply_room) = {
+                let core = self.session.lock();
+                (core.is_closing(), core.max_frame())
+            };
             let mut events = std::mem::take(&mut self.events);
             for event in events.drain(..) {
                 match event {
@@ -421,6 +424,7 @@ impl Driver {
                             self.session.remote(),
                             self.session.handlers(),
                             now,
+                            reply_room,
                             cx,
                         );
                         match started {

@@ -408,12 +408,31 @@ impl Session {
     /// As [`call`](Self::call), without `Overloaded`.
     pub(crate) async fn notify(
         &self,
-        mut frame: Bytes,
+        frame: Bytes,
         deadline: tokio::time::Instant,
     ) -> Result<(), CallError> {
+        self.notify_if(frame, deadline, || true).await.map(drop)
+    }
+
+    /// As [`notify`](Self::notify), but the frame is queued only if
+    /// `still()` holds at the moment it goes into the queue (checked under
+    /// the session's lock, after any wait for room): `Ok(false)` when it
+    /// did not, and nothing was queued.
+    ///
+    /// # Errors
+    /// As [`notify`](Self::notify).
+    pub(crate) async fn notify_if(
+        &self,
+        mut frame: Bytes,
+        deadline: tokio::time::Instant,
+        still: impl Fn() -> bool,
+    ) -> Result<bool, CallError> {
         loop {
             let queued = {
                 let mut state = self.state();
+                if !still() {
+                    return Ok(false);
+                }
                 state
                     .core
                     .notify(frame)
@@ -427,7 +446,7 @@ impl Session {
                         // waits; with a backlog, it lets the writer run.
                         tokio::task::yield_now().await;
                     }
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(r) => r,
             };

@@ -376,6 +376,8 @@ impl Runtime {
             .spawn(cluster::push_loop(self.core.clone(), stop.clone()));
         self.tracker
             .spawn(cluster::host_events(self.core.clone(), stop.clone()));
+        self.tracker
+            .spawn(cluster::release_loop(self.core.clone(), stop.clone()));
         // Reconciling waits for the host; shutdown does not wait for it.
         tokio::spawn(cluster::reconcile(self.core.clone()));
         let expired = std::mem::take(
