@@ -259,3 +259,42 @@ async fn a_roster_push_waiting_for_the_control_plane_is_not_sent_once_it_was_unb
     back.shutdown().await;
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_frame_with_args_nested_as_deep_as_frames_allow_is_copied_truncated() {
+    let (builder, _log) = mon_node("node");
+    let b = bind_new(builder).await;
+    let mut rx = b.cp.control_events();
+    let (other, peer) = stranger(&b.node).await;
+    // 32 levels: a legal frame (its args fail Ping's type: bad_args), whose
+    // body the copy record, one level down, could not embed.
+    let deep = nested(32);
+    let refused = peer
+        .call_raw("app.mon", "ping", &deep, CALL)
+        .await
+        .unwrap_err();
+    assert_eq!(remote(Err::<(), _>(refused)).code, ErrorCode::BadArgs);
+    peer.request_within(Ping, "after".into(), CALL)
+        .await
+        .unwrap();
+    let events = core_helpers::events_until(&mut rx, "two copies", {
+        let mut n = 0;
+        move |e| {
+            n += usize::from(matches!(e, ControlEvent::Copy { .. }));
+            n == 2
+        }
+    })
+    .await;
+    let got = core_helpers::copies(&events);
+    let (first, second) = (&got[0].1, &got[1].1);
+    assert_eq!((first.seq, first.dropped), (1, 0), "sent, not dropped");
+    assert!(first.truncated);
+    assert!(first.body.is_null());
+    assert_eq!(first.body_len, deep.as_bytes().len() as u64);
+    assert_eq!(
+        (second.seq, second.dropped, second.truncated),
+        (2, 0, false)
+    );
+    other.shutdown().await;
+    b.node.shutdown().await;
+}
