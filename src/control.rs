@@ -170,9 +170,10 @@ impl Control {
         undone
     }
 
-    /// Unbinds the control plane; returns it.
-    pub(crate) fn unbind(&self, now: Instant) -> Option<NodeId> {
-        let previous = self.binding.unbind();
+    /// Unbinds the control plane; returns it, with what binds it again if
+    /// the unbind cannot be written ([`undo_bind`](Self::undo_bind)).
+    pub(crate) fn unbind(&self, now: Instant) -> Option<(NodeId, BindUndo)> {
+        let previous = self.binding.unbind_undoable();
         if previous.is_some() {
             self.refresh(now);
         }

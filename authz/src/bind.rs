@@ -181,9 +181,9 @@ pub enum Refused<E> {
     Check(E),
 }
 
-/// What a bind replaced, to put back with [`BindingState::undo_bind`] when
-/// the bind cannot be completed (its answer cannot be built, or it cannot
-/// be written). Holds the pending bind's code: zeroized on drop, and its
+/// What a bind (or an unbind) replaced, to put back with
+/// [`BindingState::undo_bind`] when it cannot be completed (its answer
+/// cannot be built, or it cannot be written). Holds the pending bind's code: zeroized on drop, and its
 /// `Debug` does not show it.
 #[derive(Debug, Clone)]
 pub struct BindUndo {
@@ -193,7 +193,7 @@ pub struct BindUndo {
 }
 
 impl BindUndo {
-    /// The epoch of the binding the bind made.
+    /// The epoch of the binding the bind (or unbind) made.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -419,11 +419,22 @@ impl BindingState {
     /// epoch. Returns the control plane that was bound; when none was,
     /// nothing changes.
     pub fn unbind(&mut self) -> Option<NodeId> {
-        let previous = self.binding.controller().copied();
-        if previous.is_some() {
-            self.binding = self.binding.bumped(None);
-        }
-        previous
+        self.unbind_undoable().map(|(previous, _)| previous)
+    }
+
+    /// As [`unbind`](Self::unbind), with what puts the binding back if the
+    /// unbind cannot be completed (it could not be written):
+    /// [`undo_bind`](Self::undo_bind) binds the same control plane again,
+    /// under a new epoch.
+    pub fn unbind_undoable(&mut self) -> Option<(NodeId, BindUndo)> {
+        let previous = self.binding.controller().copied()?;
+        self.binding = self.binding.bumped(None);
+        let undo = BindUndo {
+            controller: Some(previous),
+            pending: None,
+            epoch: self.binding.epoch(),
+        };
+        Some((previous, undo))
     }
 }
 
@@ -501,6 +512,11 @@ impl SharedBinding {
     /// See [`BindingState::unbind`].
     pub fn unbind(&self) -> Option<NodeId> {
         self.lock().unbind()
+    }
+
+    /// See [`BindingState::unbind_undoable`].
+    pub fn unbind_undoable(&self) -> Option<(NodeId, BindUndo)> {
+        self.lock().unbind_undoable()
     }
 
     /// See [`BindingState::pending`].

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use capwire_authz::{
     AuthzError, BIND_CODE_ALPHABET, BIND_CODE_LEN, BIND_MAX_ATTEMPTS, BIND_TTL, BindCode,
-    BindFailure, Binding, BindingState, SharedBinding,
+    BindFailure, Binding, BindingState, Refused, SharedBinding,
 };
 use capwire_envelope::NodeId;
 use capwire_manifest::MonitoringStatus;
@@ -411,4 +411,84 @@ fn bind_failed_carries_its_reason_as_cbor_detail() {
         capwire_envelope::from_slice::<capwire_envelope::ErrorBody>(&bytes).unwrap(),
         body
     );
+}
+
+#[test]
+fn a_check_that_refuses_a_right_code_changes_nothing() {
+    let now = Instant::now();
+    let mut state = pending(None, now);
+    // A wrong code never reaches the check.
+    let wrong = state.try_bind_checked(&CP, "ZZZZZZZZZZ", now, |_| -> Result<(), ()> {
+        panic!("the check runs only for a right code")
+    });
+    assert_eq!(
+        wrong.unwrap_err(),
+        Refused::Failed(BindFailure::WrongCode { attempts_left: 2 })
+    );
+    let refused = state.try_bind_checked(&CP, CODE, now, |next| {
+        assert_eq!(next.controller(), Some(&CP));
+        Err("no room")
+    });
+    assert_eq!(refused.unwrap_err(), Refused::Check("no room"));
+    assert_eq!(state.binding(), Binding::UNBOUND);
+    assert_eq!(
+        state.pending(now).unwrap().attempts_left,
+        2,
+        "no attempt used"
+    );
+    assert!(state.try_bind(&CP, CODE, now).is_ok());
+}
+
+#[test]
+fn an_undone_bind_puts_back_the_binding_and_the_pending_bind() {
+    let now = Instant::now();
+    let mut state = pending(Some(CP), now);
+    let (bound, undo) = state
+        .try_bind_checked(&CP, CODE, now, |_| Ok::<(), ()>(()))
+        .unwrap();
+    assert_eq!(undo.epoch(), bound.epoch());
+    assert!(state.undo_bind(undo));
+    assert_eq!(state.binding().controller(), None);
+    assert!(state.binding().epoch() > bound.epoch());
+    // The code works again, with the attempts it had.
+    assert_eq!(
+        state.try_bind(&OTHER, CODE, now),
+        Err(BindFailure::WrongSender)
+    );
+    assert_eq!(
+        state.try_bind(&CP, CODE, now).unwrap().controller(),
+        Some(&CP)
+    );
+}
+
+#[test]
+fn an_undo_after_a_newer_change_does_nothing() {
+    let now = Instant::now();
+    let mut state = pending(None, now);
+    let (_, undo) = state
+        .try_bind_checked(&CP, CODE, now, |_| Ok::<(), ()>(()))
+        .unwrap();
+    state.unbind();
+    let after = state.binding();
+    assert!(
+        !state.undo_bind(undo),
+        "the bind is not the binding any more"
+    );
+    assert_eq!(state.binding(), after);
+}
+
+#[test]
+fn an_undone_unbind_binds_the_same_control_plane_again() {
+    let now = Instant::now();
+    let mut state = pending(None, now);
+    state.try_bind(&CP, CODE, now).unwrap();
+    let before = state.binding();
+    let (previous, undo) = state.unbind_undoable().unwrap();
+    assert_eq!(previous, CP);
+    assert_eq!(state.binding().controller(), None);
+    assert!(state.undo_bind(undo));
+    assert_eq!(state.binding().controller(), Some(&CP));
+    assert!(state.binding().epoch() > before.epoch() + 1);
+    assert!(state.pending(now).is_none());
+    assert!(BindingState::new().unbind_undoable().is_none());
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use capwire_authz::{Binding, Refused};
+use capwire_authz::{BindUndo, Binding, Refused};
 use capwire_envelope::{
     ErrorBody, ErrorCode, FrameRef, MAX_DEPTH, NodeId, RawValue, decode_frame, validate_nested,
 };
@@ -18,7 +18,7 @@ use capwire_manifest::{
 use tokio_util::sync::CancellationToken;
 
 use crate::core::events::ControlEvent;
-use crate::core::state::{Core, CoreState, config_value};
+use crate::core::state::{Core, CoreState, Durable, config_value};
 use crate::dispatch::extract::{ReplyRoom, Sender};
 use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
 use crate::tap::{Tapped, Way};
@@ -137,12 +137,12 @@ async fn bind(
 
 async fn disable(_args: NoArgs, Core(core): Core) -> Result<(), HandlerError> {
     // Unbound at once: envelopes queued behind this one see it.
-    core.control.unbind(now());
+    let undo = core.control.unbind(now()).map(|(_, undo)| undo);
     core.tap.set_controller(None);
     let c = core.clone();
     core.detached(async move {
         let mut d = c.durable.lock().await;
-        c.save_binding(&mut d).await
+        c.save_unbinding(&mut d, undo).await
     })
     .await
 }
@@ -172,13 +172,31 @@ async fn copy(
 impl CoreState {
     /// Unbinds the control plane, durably; returns the one that was bound.
     pub(crate) async fn unbind(&self) -> Result<Option<NodeId>, HandlerError> {
-        let previous = self.control.unbind(now());
+        let Some((previous, undo)) = self.control.unbind(now()) else {
+            return Ok(None);
+        };
         self.tap.set_controller(None);
-        if previous.is_some() {
-            let mut d = self.durable.lock().await;
-            self.save_binding(&mut d).await?;
+        let mut d = self.durable.lock().await;
+        self.save_unbinding(&mut d, Some(undo)).await?;
+        Ok(Some(previous))
+    }
+
+    /// Writes an unbind made with `undo`; when it cannot be written, the
+    /// control plane is bound again (an error changes nothing).
+    async fn save_unbinding(
+        &self,
+        d: &mut Durable,
+        undo: Option<BindUndo>,
+    ) -> Result<(), HandlerError> {
+        let saved = self.save_binding(d).await;
+        if saved.is_err()
+            && let Some(undo) = undo
+        {
+            self.control.undo_bind(undo, now());
+            self.tap
+                .set_controller(self.control.binding().controller().copied());
         }
-        Ok(previous)
+        saved
     }
 }
 

@@ -209,7 +209,10 @@ impl Node {
     ///
     /// # Errors
     /// [`NodeError::State`] when the change could not be written (the node
-    /// is then unbound for this run only).
+    /// is then bound to the same control plane again: nothing changed).
+    ///
+    /// Children the node had bound for that control plane are released
+    /// from it (see `core.cluster` in WIRE.md 5.3).
     ///
     /// # Cancel safety
     /// Not cancel safe. The node is unbound at the first poll; dropped
