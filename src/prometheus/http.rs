@@ -342,23 +342,33 @@ async fn run(node: Node, listener: TcpListener, limits: ServerLimits, stop: Canc
 
 /// Serves one request on `stream` and closes it.
 async fn answer(mut stream: TcpStream, endpoint: &Endpoint) {
-    let timed_out = serve_one(&mut stream, endpoint).await;
-    if timed_out {
-        // hyper closes without a word when the head is late; the client
-        // is told why.
-        let _ = tokio::time::timeout(endpoint.write_timeout, async {
-            stream
-                .write_all(&plain(StatusCode::REQUEST_TIMEOUT, ""))
-                .await?;
-            stream.shutdown().await
-        })
-        .await;
-    }
+    // hyper closes without a word when the head is late or is HTTP/2's
+    // preface; the client is told why.
+    let status = match serve_one(&mut stream, endpoint).await {
+        Unanswered::No => return,
+        Unanswered::Late => StatusCode::REQUEST_TIMEOUT,
+        Unanswered::Http2 => StatusCode::BAD_REQUEST,
+    };
+    let _ = tokio::time::timeout(endpoint.write_timeout, async {
+        stream.write_all(&plain(status, "")).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// What hyper left unanswered.
+enum Unanswered {
+    /// Nothing: it answered, or there is nobody to answer.
+    No,
+    /// The head did not arrive within the deadline.
+    Late,
+    /// The client speaks HTTP/2.
+    Http2,
 }
 
 /// Lets hyper read the head, answer it and close; the answer must be
-/// taken within the write deadline. Whether the head was late.
-async fn serve_one(stream: &mut TcpStream, endpoint: &Endpoint) -> bool {
+/// taken within the write deadline.
+async fn serve_one(stream: &mut TcpStream, endpoint: &Endpoint) -> Unanswered {
     let head_read = Notify::new();
     let service = hyper::service::service_fn(|request: Request<Incoming>| {
         head_read.notify_one();
@@ -369,11 +379,15 @@ async fn serve_one(stream: &mut TcpStream, endpoint: &Endpoint) -> bool {
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     tokio::select! {
-        done = conn.as_mut() => return done.is_err_and(|e| e.is_timeout()),
+        done = conn.as_mut() => return match done {
+            Err(e) if e.is_timeout() => Unanswered::Late,
+            Err(e) if e.is_parse_version_h2() => Unanswered::Http2,
+            _ => Unanswered::No,
+        },
         () = head_read.notified() => {}
     }
     let _ = tokio::time::timeout(endpoint.write_timeout, conn).await;
-    false
+    Unanswered::No
 }
 
 /// The answer to a request.
