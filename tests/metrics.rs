@@ -16,7 +16,7 @@ use common::{
     Admin, Note, Say, client_node, connect_tcp, echo_cap, echo_node, raw, tcp_addr, wait_until,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 const GUARD: Duration = Duration::from_secs(20);
 
@@ -30,10 +30,23 @@ fn public_metric_types_are_send_and_sync() {
     send_sync::<capwire::prometheus::NodeCollector>();
 }
 
+/// A connection to `to` from the loopback address `from` (Linux answers
+/// for all of 127.0.0.0/8), so that a test can play several sources.
+async fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
 /// An HTTP exchange: sends `request`, reads until the server closes.
 async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    exchange_from("127.0.0.1", addr, request).await
+}
+
+/// As [`exchange`], from the source address `from`.
+async fn exchange_from(from: &str, addr: SocketAddr, request: &[u8]) -> String {
     tokio::time::timeout(GUARD, async {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut stream = connect_from(from, addr).await;
         stream.write_all(request).await.unwrap();
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).await.unwrap();
@@ -45,7 +58,12 @@ async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
 
 /// `GET /metrics`: the body, after checking the status and headers.
 async fn scrape(addr: SocketAddr) -> String {
-    let answer = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").await;
+    scrape_from("127.0.0.1", addr).await
+}
+
+/// As [`scrape`], from the source address `from`.
+async fn scrape_from(from: &str, addr: SocketAddr) -> String {
+    let answer = exchange_from(from, addr, b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").await;
     let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
     assert!(
@@ -401,13 +419,42 @@ async fn other_paths_and_methods_are_refused() {
     )
     .await;
     assert_eq!(status(&answer), "HTTP/1.1 400 Bad Request");
-    // HEAD: the headers of the answer, no body.
+    let answer = exchange(addr, b"GET /metrics HTTP/2\r\n\r\n").await;
+    assert_eq!(status(&answer), "HTTP/1.1 400 Bad Request");
+    let answer = exchange(addr, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    assert_eq!(status(&answer), "HTTP/1.1 400 Bad Request", "{answer}");
+    // Two lengths: hyper's own 400.
+    let answer = exchange(
+        addr,
+        b"GET /metrics HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status(&answer), "HTTP/1.1 400 Bad Request");
+    // A body announced but never sent is not waited for.
+    let answer = exchange(
+        addr,
+        b"POST /metrics HTTP/1.1\r\nContent-Length: 100000000000\r\n\r\nabc",
+    )
+    .await;
+    assert_eq!(status(&answer), "HTTP/1.1 405 Method Not Allowed");
+    // HEAD: the headers of the answer (its length included), no body.
     let answer = exchange(addr, b"HEAD /metrics HTTP/1.1\r\n\r\n").await;
     assert_eq!(status(&answer), "HTTP/1.1 200 OK");
     assert!(answer.ends_with("\r\n\r\n"), "{answer}");
-    // A query string is fine; HTTP/1.0 too.
+    assert!(
+        answer.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+        "{answer}"
+    );
+    let len = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map(|n| n.parse::<usize>().unwrap());
+    assert!(len.is_some_and(|n| n > 0), "{answer}");
+    // A query string is fine; HTTP/1.0 too (answered in HTTP/1.0, as
+    // hyper does for a 1.0 client).
     let answer = exchange(addr, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").await;
-    assert_eq!(status(&answer), "HTTP/1.1 200 OK");
+    assert_eq!(status(&answer), "HTTP/1.0 200 OK");
+    assert!(answer.contains("\r\nConnection: close\r\n"), "{answer}");
     assert!(answer.contains("capwire_inflight 0\n"));
     node.shutdown().await;
 }
@@ -424,10 +471,14 @@ async fn hostile_scrapers_are_cut_off_and_the_endpoint_keeps_serving() {
         .await
         .unwrap();
     let addr = metrics.local_addr();
+    // Each hostile client comes from an address of its own, and the
+    // scraper from 127.0.0.2: with two slots, the second is kept for a
+    // source that has none, so a client that has just been cut off (and
+    // is still counted for a moment) does not turn the next one away.
 
     // 1 MiB of headers: cut off after 8 KiB with 431 (or a reset, when
     // the client is still writing as the server closes).
-    let mut flood = TcpStream::connect(addr).await.unwrap();
+    let mut flood = connect_from("127.0.0.3", addr).await;
     let (mut rd, mut wr) = flood.split();
     let padding = format!(
         "GET /metrics HTTP/1.1\r\nX-Pad: {}\r\n\r\n",
@@ -452,24 +503,41 @@ async fn hostile_scrapers_are_cut_off_and_the_endpoint_keeps_serving() {
         "{answer}"
     );
     drop(flood);
-    scrape(addr).await;
+    // Just over the bound, with nothing else in the way: 431 for sure.
+    let over = format!(
+        "GET /metrics HTTP/1.1\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(9 * 1024)
+    );
+    let mut big = connect_from("127.0.0.4", addr).await;
+    big.write_all(over.as_bytes()).await.unwrap();
+    let mut answer = vec![0; 1024];
+    let n = tokio::time::timeout(GUARD, big.read(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+    drop(big);
+    scrape_from("127.0.0.2", addr).await;
 
     // A silent client is answered 408 and closed after the read deadline,
     // and while it waits, others are served.
     let started = tokio::time::Instant::now();
-    let mut silent = TcpStream::connect(addr).await.unwrap();
-    scrape(addr).await;
+    let mut silent = connect_from("127.0.0.5", addr).await;
+    scrape_from("127.0.0.2", addr).await;
     let mut answer = String::new();
     tokio::time::timeout(GUARD, silent.read_to_string(&mut answer))
         .await
         .expect("the silent client is cut off")
         .unwrap();
     assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(answer.contains("\r\nConnection: close\r\n"), "{answer}");
     assert!(started.elapsed() >= Duration::from_millis(300));
 
     // A client that sends its head a byte at a time, too slowly, is cut
     // off all the same: the deadline is for the whole head.
-    let mut slow = TcpStream::connect(addr).await.unwrap();
+    let mut slow = connect_from("127.0.0.6", addr).await;
+    let started = tokio::time::Instant::now();
     let dribble = async {
         for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\n" {
             if slow.write_all(&[*b]).await.is_err() {
@@ -483,19 +551,120 @@ async fn hostile_scrapers_are_cut_off_and_the_endpoint_keeps_serving() {
     };
     let answer = tokio::time::timeout(GUARD, dribble).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    // Cut at the deadline, long before the 33 bytes were all sent.
+    assert!(
+        started.elapsed() < Duration::from_millis(33 * 50),
+        "{:?}",
+        started.elapsed()
+    );
 
     // Beyond max_connections, clients wait in the backlog and are served
     // once a slot frees up.
-    let hold_a = TcpStream::connect(addr).await.unwrap();
-    let hold_b = TcpStream::connect(addr).await.unwrap();
+    let hold_a = connect_from("127.0.0.7", addr).await;
+    let hold_b = connect_from("127.0.0.8", addr).await;
     let started = tokio::time::Instant::now();
-    scrape(addr).await;
+    scrape_from("127.0.0.2", addr).await;
     assert!(
         started.elapsed() >= Duration::from_millis(200),
         "served only after a silent client was cut off"
     );
     drop((hold_a, hold_b));
-    scrape(addr).await;
+    scrape_from("127.0.0.2", addr).await;
+    node.shutdown().await;
+}
+
+/// One address opening silent sockets again and again must not keep the
+/// scraper out (all 16 slots, each held for the head deadline): a source
+/// has at most `max_connections_per_source` of them, one more is refused
+/// at once, the last free slot is kept for a new source, and a silent
+/// socket is cut at the short head deadline.
+#[tokio::test]
+async fn one_address_cannot_lock_the_scraper_out() {
+    let node = client_node().await;
+    let defaults = ServerLimits::default();
+    let metrics = MetricsServer::bind("127.0.0.1:0".parse().unwrap(), node.clone())
+        .await
+        .unwrap();
+    let addr = metrics.local_addr();
+
+    let started = tokio::time::Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..defaults.max_connections {
+        silent.push(connect_from("127.0.0.1", addr).await);
+    }
+    // A scraper elsewhere is served at once, not after a silent socket
+    // is cut off.
+    let scraped = tokio::time::Instant::now();
+    scrape_from("127.0.0.2", addr).await;
+    assert!(
+        scraped.elapsed() < Duration::from_secs(1),
+        "the scrape waited {:?}",
+        scraped.elapsed()
+    );
+
+    // Each silent socket is either refused at once (beyond the source's
+    // bound) or cut at the head deadline (2 s by default).
+    let ends: Vec<_> = silent
+        .into_iter()
+        .map(|mut s| {
+            tokio::spawn(async move {
+                let mut answer = String::new();
+                tokio::time::timeout(GUARD, s.read_to_string(&mut answer))
+                    .await
+                    .expect("cut off")
+                    .unwrap();
+                (answer, started.elapsed())
+            })
+        })
+        .collect();
+    let (mut refused, mut kept) = (0, 0);
+    for end in ends {
+        let (answer, at) = end.await.unwrap();
+        if answer.starts_with("HTTP/1.1 503 ") {
+            assert!(at < Duration::from_secs(1), "refused only after {at:?}");
+            refused += 1;
+        } else {
+            assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+            assert!(
+                at >= defaults.read_timeout && at < defaults.read_timeout + Duration::from_secs(1),
+                "cut after {at:?}"
+            );
+            kept += 1;
+        }
+    }
+    assert_eq!(kept, defaults.max_connections_per_source);
+    assert_eq!(
+        refused,
+        defaults.max_connections - defaults.max_connections_per_source
+    );
+
+    // With no bound per source at all, the last slot is still kept for
+    // another source.
+    let open = ServerLimits {
+        max_connections: 4,
+        max_connections_per_source: 4,
+        ..ServerLimits::default()
+    };
+    let metrics = MetricsServer::bind_with("127.0.0.1:0".parse().unwrap(), node.clone(), open)
+        .await
+        .unwrap();
+    let addr = metrics.local_addr();
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(connect_from("127.0.0.1", addr).await);
+    }
+    // (Silent too: a request sent to a closing socket may meet a reset.)
+    let mut fourth = connect_from("127.0.0.1", addr).await;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(1), fourth.read_to_string(&mut answer))
+        .await
+        .expect("refused at once")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+    let scraped = tokio::time::Instant::now();
+    scrape_from("127.0.0.2", addr).await;
+    assert!(scraped.elapsed() < Duration::from_secs(1));
+    drop(silent);
     node.shutdown().await;
 }
 

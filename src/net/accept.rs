@@ -1,11 +1,23 @@
 //! The bounds on inbound connections: handshake permits (taken before a
 //! connection is accepted), an accept rate, and a bound on handshakes per
 //! source address.
+//!
+//! The rate is governor's GCRA limiter (one atomic word, no lock, no
+//! allocation per accept) on tokio's clock, so that it follows
+//! `tokio::time::pause()` like every other timer of the node. The
+//! per-source bound counts handshakes in progress, not a rate, so it is a
+//! map of its own.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
+use governor::clock::Clock;
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
@@ -28,12 +40,21 @@ pub(crate) struct AcceptLimits {
     pub(crate) burst: u32,
 }
 
-/// A token bucket.
-#[derive(Debug)]
-struct Bucket {
-    tokens: f64,
-    last: Instant,
+/// Tokio's clock, as governor reads time: the time since the gate was
+/// made.
+#[derive(Debug, Clone)]
+struct TokioClock(Instant);
+
+impl Clock for TokioClock {
+    type Instant = Duration;
+
+    fn now(&self) -> Duration {
+        self.0.elapsed()
+    }
 }
+
+/// `rate_per_sec` connections a second on average, `burst` at once.
+type Rate = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
 
 /// The state behind the bounds, shared by every listener of a node.
 #[derive(Debug)]
@@ -42,7 +63,7 @@ pub(crate) struct AcceptGate {
     permits: Arc<Semaphore>,
     refusals: Arc<Semaphore>,
     sources: Mutex<HashMap<IpAddr, usize>>,
-    bucket: Mutex<Bucket>,
+    rate: Rate,
 }
 
 /// A source's handshake in progress; given back when dropped.
@@ -67,16 +88,18 @@ impl Drop for SourceGuard {
 }
 
 impl AcceptGate {
+    /// The gate for `limits` (a rate or burst of 0, which the node's
+    /// limits refuse, counts as 1).
     pub(crate) fn new(limits: AcceptLimits) -> Self {
+        let one = NonZeroU32::MIN;
+        let quota = Quota::per_second(NonZeroU32::new(limits.rate_per_sec).unwrap_or(one))
+            .allow_burst(NonZeroU32::new(limits.burst).unwrap_or(one));
         Self {
             limits,
             permits: Arc::new(Semaphore::new(limits.max_handshakes)),
             refusals: Arc::new(Semaphore::new(MAX_REFUSALS)),
             sources: Mutex::new(HashMap::new()),
-            bucket: Mutex::new(Bucket {
-                tokens: f64::from(limits.burst),
-                last: Instant::now(),
-            }),
+            rate: RateLimiter::direct_with_clock(quota, TokioClock(Instant::now())),
         }
     }
 
@@ -117,18 +140,7 @@ impl AcceptGate {
     }
 
     fn allow_rate(&self) -> bool {
-        let mut b = lock(&self.bucket);
-        let now = Instant::now();
-        let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
-        b.last = now;
-        b.tokens = (b.tokens + elapsed * f64::from(self.limits.rate_per_sec))
-            .min(f64::from(self.limits.burst));
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.rate.check().is_ok()
     }
 
     fn enter(self: &Arc<Self>, source: Option<IpAddr>) -> Option<SourceGuard> {
@@ -144,5 +156,66 @@ impl AcceptGate {
             gate: self.clone(),
             source,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(rate_per_sec: u32, burst: u32, per_source: usize) -> Arc<AcceptGate> {
+        Arc::new(AcceptGate::new(AcceptLimits {
+            max_handshakes: 8,
+            per_source,
+            rate_per_sec,
+            burst,
+        }))
+    }
+
+    /// A burst at once, then one connection per 1/rate of tokio's time
+    /// (paused here: a limiter on the wall clock would refuse after each
+    /// `advance`), and a long pause refills no more than the burst.
+    #[tokio::test(start_paused = true)]
+    async fn the_rate_allows_a_burst_then_refills_on_tokios_clock() {
+        let gate = gate(10, 5, 100);
+        for i in 0..5 {
+            assert!(gate.allow_rate(), "{i} of the burst");
+        }
+        assert!(!gate.allow_rate(), "the burst is spent");
+        tokio::time::advance(Duration::from_millis(99)).await;
+        assert!(!gate.allow_rate(), "not yet 1/rate later");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(gate.allow_rate(), "one more 1/rate later");
+        assert!(!gate.allow_rate());
+        tokio::time::advance(Duration::from_secs(60)).await;
+        for i in 0..5 {
+            assert!(gate.allow_rate(), "{i} of the refilled burst");
+        }
+        assert!(!gate.allow_rate(), "refilled to the burst, not beyond");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_source_over_its_bound_is_refused_until_a_handshake_ends() {
+        let gate = gate(1000, 100, 2);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let first = gate.admit(Some(a)).unwrap();
+        let _second = gate.admit(Some(a)).unwrap();
+        assert_eq!(
+            gate.admit(Some(a)).unwrap_err(),
+            HandshakeFailure::PerSource
+        );
+        let _other = gate.admit(Some(b)).unwrap();
+        let _unix = (
+            gate.admit(None).unwrap(),
+            gate.admit(None).unwrap(),
+            gate.admit(None).unwrap(),
+        );
+        drop(first);
+        let _third = gate.admit(Some(a)).unwrap();
+        assert_eq!(
+            gate.admit(Some(a)).unwrap_err(),
+            HandshakeFailure::PerSource
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! A tiny HTTP/1.1 endpoint for the scraper, on tokio alone. It answers
-//! one request per connection and closes it:
+//! The HTTP/1.1 endpoint for the scraper, on hyper. It answers one
+//! request per connection and closes it:
 //!
 //! ```text
 //!  GET|HEAD /metrics  ─► 200, the Prometheus text (HEAD: headers only)
@@ -7,62 +7,88 @@
 //!  other path         ─► 404
 //!  not HTTP/1.x       ─► 400
 //!  head over the size ─► 431      no whole head in time ─► 408
+//!  source over its bound, or the last free slot to a source that
+//!  already has one    ─► 503, at once, before any byte is read
 //! ```
 //!
-//! The scraper is treated as hostile: the request head is bounded in
-//! size and must arrive within a deadline, the answer must be taken
-//! within another, connections beyond a cap wait in the listen backlog,
-//! and nothing a client sends can make it panic or allocate more than
-//! the head's bound.
+//! The scraper is treated as hostile. hyper parses the request head
+//! within a size bound (`max_buf_size`) and a deadline
+//! (`header_read_timeout`); the answer must be taken within another
+//! deadline. Connections are bounded in all (beyond, they wait in the
+//! listen backlog) and per source address; a source that already has a
+//! connection never gets the last free slot, so that one address opening
+//! silent sockets cannot keep a scraper elsewhere out.
 
+use std::collections::HashMap;
+use std::convert::Infallible;
 use std::io;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::node::Node;
 
-/// Bounds of the metrics endpoint, per connection and in all.
+/// The least head bound hyper accepts (its minimum read buffer).
+const MIN_REQUEST_BYTES: usize = 8 * 1024;
+
+/// Bounds of the metrics endpoint, per connection, per source address and
+/// in all.
 ///
 /// ```
 /// use std::time::Duration;
 /// use capwire::prometheus::ServerLimits;
 ///
-/// let limits = ServerLimits { read_timeout: Duration::from_secs(2), ..ServerLimits::default() };
+/// let limits = ServerLimits { read_timeout: Duration::from_secs(1), ..ServerLimits::default() };
 /// assert_eq!(limits.max_request_bytes, 8 * 1024);
+/// assert_eq!(limits.max_connections_per_source, 4);
 /// ```
 #[derive(Debug, Clone)]
 pub struct ServerLimits {
     /// Bytes of request head (request line and headers) read at most;
     /// a longer head is answered 431 and the connection closed.
-    /// Default 8 KiB.
+    /// Default 8 KiB, which is also the least taken (a smaller value
+    /// counts as 8 KiB).
     pub max_request_bytes: usize,
     /// Time for the whole request head to arrive, from the accept; a
     /// client that is slower (or silent) is answered 408 and cut off.
-    /// Default 5 s.
+    /// Short on purpose: a scraper sends its head at once. Default 2 s.
     pub read_timeout: Duration,
-    /// Time for the client to take the answer; then the connection is
-    /// dropped. Default 5 s.
+    /// Time for the client to take the answer, once its head is read;
+    /// then the connection is dropped. Default 5 s.
     pub write_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog.
     /// Default 16 (0 is taken as 1).
     pub max_connections: usize,
+    /// Connections served at once from one source address; one more
+    /// from that address is answered 503 and closed at once. Whatever
+    /// this bound, a source that already has a connection never gets the
+    /// last free slot: it is kept for a new source. Default 4 (0 is
+    /// taken as 1).
+    pub max_connections_per_source: usize,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
-            max_request_bytes: 8 * 1024,
-            read_timeout: Duration::from_secs(5),
+            max_request_bytes: MIN_REQUEST_BYTES,
+            read_timeout: Duration::from_secs(2),
             write_timeout: Duration::from_secs(5),
             max_connections: 16,
+            max_connections_per_source: 4,
         }
     }
 }
@@ -177,19 +203,101 @@ impl MetricsServer {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The connections being served, by source address. It holds an entry
+/// only for a source with a connection open, so at most
+/// `max_connections` entries.
+#[derive(Debug)]
+struct Sources {
+    per_source: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// A connection's place: its share of the source's bound and its slot
+/// in all, given back when dropped.
+#[derive(Debug)]
+struct Place {
+    sources: Arc<Sources>,
+    source: IpAddr,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut open = lock(&self.sources.open);
+        if let Some(n) = open.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.source);
+            }
+        }
+    }
+}
+
+impl Sources {
+    /// A place for a connection from `source` that holds `slot`, unless
+    /// the source is at its bound, or `slot` is the last one free
+    /// (`last`) and the source already has a connection.
+    fn enter(
+        self: &Arc<Self>,
+        source: IpAddr,
+        slot: OwnedSemaphorePermit,
+        last: bool,
+    ) -> Option<Place> {
+        let mut open = lock(&self.open);
+        let n = open.get(&source).copied().unwrap_or(0);
+        if n >= self.per_source || (last && n > 0) {
+            return None;
+        }
+        open.insert(source, n + 1);
+        drop(open);
+        Some(Place {
+            sources: self.clone(),
+            source,
+            _slot: slot,
+        })
+    }
+}
+
+/// What every connection shares.
+struct Endpoint {
+    node: Node,
+    http: http1::Builder,
+    write_timeout: Duration,
+}
+
 /// Accepts until `stop`; one task per connection, at most
-/// `max_connections` at once.
+/// `max_connections` at once and `max_connections_per_source` from one
+/// address.
 async fn run(node: Node, listener: TcpListener, limits: ServerLimits, stop: CancellationToken) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let limits = Arc::new(limits);
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let sources = Arc::new(Sources {
+        per_source: limits.max_connections_per_source.max(1),
+        open: Mutex::new(HashMap::new()),
+    });
+    let mut http = http1::Builder::new();
+    http.keep_alive(false)
+        .title_case_headers(true)
+        .max_buf_size(limits.max_request_bytes.max(MIN_REQUEST_BYTES))
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.read_timeout);
+    let endpoint = Arc::new(Endpoint {
+        node,
+        http,
+        write_timeout: limits.write_timeout,
+    });
+    let busy = busy();
     let tracker = TaskTracker::new();
     loop {
-        // A permit before accept: beyond the cap, clients wait in the
+        // A slot before accept: beyond the cap, clients wait in the
         // listen backlog.
-        let permit = tokio::select! {
+        let slot = tokio::select! {
             () = stop.cancelled() => break,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
                 Err(_) => break,
             },
         };
@@ -197,25 +305,34 @@ async fn run(node: Node, listener: TcpListener, limits: ServerLimits, stop: Canc
             () = stop.cancelled() => break,
             a = listener.accept() => a,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 // E.g. out of file descriptors: a pause, then again.
                 tracing::debug!(error = %e, "metrics endpoint: accept failed");
-                drop(permit);
+                drop(slot);
                 tokio::select! {
                     () = stop.cancelled() => break,
                     () = tokio::time::sleep(Duration::from_millis(50)) => continue,
                 }
             }
         };
-        let (node, limits, stop) = (node.clone(), limits.clone(), stop.clone());
+        let source = peer.ip().to_canonical();
+        let last = slots.available_permits() == 0;
+        let Some(place) = sources.enter(source, slot, last) else {
+            tracing::debug!(%source, "metrics endpoint: source over its bound");
+            // Nothing is read from it; the answer fits any socket buffer,
+            // so it is written now or not at all.
+            let _ = stream.try_write(&busy);
+            continue;
+        };
+        let (endpoint, stop) = (endpoint.clone(), stop.clone());
         tracker.spawn(async move {
             tokio::select! {
                 () = stop.cancelled() => {}
-                () = answer(stream, &node, &limits) => {}
+                () = answer(stream, &endpoint) => {}
             }
-            drop(permit);
+            drop(place);
         });
     }
     drop(listener);
@@ -223,154 +340,129 @@ async fn run(node: Node, listener: TcpListener, limits: ServerLimits, stop: Canc
     tracker.wait().await;
 }
 
-/// Reads one request head, answers it and closes the connection.
-async fn answer(mut stream: TcpStream, node: &Node, limits: &ServerLimits) {
-    let head = tokio::time::timeout(
-        limits.read_timeout,
-        read_head(&mut stream, limits.max_request_bytes),
-    )
-    .await;
-    let response = match head {
-        Ok(Ok(head)) => respond(&head, node),
-        Ok(Err(HeadError::TooLarge)) => plain("431 Request Header Fields Too Large", ""),
-        // The client went away or the stream failed: nobody to answer.
-        Ok(Err(HeadError::Closed)) => return,
-        Err(_) => plain("408 Request Timeout", ""),
+/// Serves one request on `stream` and closes it.
+async fn answer(mut stream: TcpStream, endpoint: &Endpoint) {
+    // hyper closes without a word when the head is late or is HTTP/2's
+    // preface; the client is told why.
+    let status = match serve_one(&mut stream, endpoint).await {
+        Unanswered::No => return,
+        Unanswered::Late => StatusCode::REQUEST_TIMEOUT,
+        Unanswered::Http2 => StatusCode::BAD_REQUEST,
     };
-    let _ = tokio::time::timeout(limits.write_timeout, async {
-        stream.write_all(&response).await?;
+    let _ = tokio::time::timeout(endpoint.write_timeout, async {
+        stream.write_all(&plain(status, "")).await?;
         stream.shutdown().await
     })
     .await;
 }
 
-/// Why no request head was read.
-#[derive(Debug, PartialEq, Eq)]
-enum HeadError {
-    /// The head is longer than the bound.
-    TooLarge,
-    /// The stream ended or failed first.
-    Closed,
+/// What hyper left unanswered.
+enum Unanswered {
+    /// Nothing: it answered, or there is nobody to answer.
+    No,
+    /// The head did not arrive within the deadline.
+    Late,
+    /// The client speaks HTTP/2.
+    Http2,
 }
 
-/// Reads until the end of the request head (an empty line), at most
-/// `max` bytes; returns the head (anything after it is not read on
-/// purpose: the request has no body worth reading).
-async fn read_head<S>(stream: &mut S, max: usize) -> Result<Vec<u8>, HeadError>
-where
-    S: tokio::io::AsyncRead + Unpin,
-{
-    let mut buf = Vec::with_capacity(max.min(1024));
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|_| HeadError::Closed)?;
-        if n == 0 {
-            return Err(HeadError::Closed);
-        }
-        let from = buf.len().saturating_sub(3);
-        let room = max.saturating_sub(buf.len());
-        buf.extend_from_slice(chunk.get(..n.min(room)).unwrap_or_default());
-        if let Some(end) = head_end(&buf, from) {
-            buf.truncate(end);
-            return Ok(buf);
-        }
-        if buf.len() >= max {
-            return Err(HeadError::TooLarge);
-        }
+/// Lets hyper read the head, answer it and close; the answer must be
+/// taken within the write deadline.
+async fn serve_one(stream: &mut TcpStream, endpoint: &Endpoint) -> Unanswered {
+    let head_read = Notify::new();
+    let service = hyper::service::service_fn(|request: Request<Incoming>| {
+        head_read.notify_one();
+        std::future::ready(Ok::<_, Infallible>(respond(&request, &endpoint.node)))
+    });
+    let conn = endpoint
+        .http
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        done = conn.as_mut() => return match done {
+            Err(e) if e.is_timeout() => Unanswered::Late,
+            Err(e) if e.is_parse_version_h2() => Unanswered::Http2,
+            _ => Unanswered::No,
+        },
+        () = head_read.notified() => {}
     }
+    let _ = tokio::time::timeout(endpoint.write_timeout, conn).await;
+    Unanswered::No
 }
 
-/// Where the first empty line of `buf` ends (`\n\r\n` or `\n\n`),
-/// looking from `from` on.
-fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    (from..buf.len()).find_map(|i| match buf.get(i..) {
-        Some([b'\n', b'\n', ..]) => Some(i + 2),
-        Some([b'\n', b'\r', b'\n', ..]) => Some(i + 3),
-        _ => None,
-    })
-}
-
-/// What a request head asks for.
-#[derive(Debug, PartialEq, Eq)]
-enum Route {
-    /// `GET /metrics`, or `HEAD` (`body: false`).
-    Metrics { body: bool },
-    /// Another method on `/metrics`.
-    BadMethod,
-    /// Another path.
-    NotFound,
-    /// Not an HTTP/1.x request line.
-    BadRequest,
-}
-
-/// Reads the request line of `head`.
-fn route(head: &[u8]) -> Route {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let Ok(line) = std::str::from_utf8(line) else {
-        return Route::BadRequest;
+/// The answer to a request.
+fn respond(request: &Request<Incoming>, node: &Node) -> Response<Full<Bytes>> {
+    if request.uri().path() != "/metrics" {
+        return reply(StatusCode::NOT_FOUND, None);
+    }
+    let body = match *request.method() {
+        Method::GET => true,
+        Method::HEAD => false,
+        _ => return reply(StatusCode::METHOD_NOT_ALLOWED, Some("GET, HEAD")),
     };
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Route::BadRequest;
-    };
-    if method.is_empty()
-        || !method.bytes().all(|b| b.is_ascii_graphic())
-        || !version.starts_with("HTTP/1.")
-    {
-        return Route::BadRequest;
-    }
-    let path = target.split('?').next().unwrap_or(target);
-    if path != "/metrics" {
-        return Route::NotFound;
-    }
-    match method {
-        "GET" => Route::Metrics { body: true },
-        "HEAD" => Route::Metrics { body: false },
-        _ => Route::BadMethod,
-    }
-}
-
-/// The answer to a request head.
-fn respond(head: &[u8], node: &Node) -> Vec<u8> {
-    match route(head) {
-        Route::Metrics { body } => {
-            let text = super::encode(node);
-            let mut out = head_of("200 OK", super::CONTENT_TYPE, text.len(), "");
-            if body {
-                out.extend_from_slice(text.as_bytes());
-            }
-            out
-        }
-        Route::BadMethod => plain("405 Method Not Allowed", "Allow: GET, HEAD\r\n"),
-        Route::NotFound => plain("404 Not Found", ""),
-        Route::BadRequest => plain("400 Bad Request", ""),
-    }
-}
-
-/// A short plain-text answer whose body is its status.
-fn plain(status: &str, extra_headers: &str) -> Vec<u8> {
-    let body = format!("{status}\n");
-    let mut out = head_of(
-        status,
-        "text/plain; charset=utf-8",
-        body.len(),
-        extra_headers,
+    let text = super::encode(node);
+    let len = text.len();
+    let mut response = Response::new(Full::new(if body {
+        Bytes::from(text)
+    } else {
+        Bytes::new()
+    }));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(super::CONTENT_TYPE),
     );
-    out.extend_from_slice(body.as_bytes());
-    out
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    closing(headers);
+    response
 }
 
-fn head_of(status: &str, content_type: &str, len: usize, extra_headers: &str) -> Vec<u8> {
+/// A short plain-text answer whose body is its status, with an `Allow`
+/// header if given.
+fn reply(status: StatusCode, allow: Option<&'static str>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(status_line(status))));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    closing(headers);
+    if let Some(allow) = allow {
+        headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+    }
+    response
+}
+
+fn closing(headers: &mut hyper::HeaderMap) {
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+}
+
+/// `"404 Not Found\n"`: the body of a short answer.
+fn status_line(status: StatusCode) -> String {
     format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\nCache-Control: no-store\r\nConnection: close\r\n{extra_headers}\r\n"
+        "{} {}\n",
+        status.as_str(),
+        status.canonical_reason().unwrap_or_default()
+    )
+}
+
+/// A whole plain-text answer, written without hyper (when hyper is no
+/// longer, or not yet, in charge of the connection).
+fn plain(status: StatusCode, extra_headers: &str) -> Vec<u8> {
+    let body = status_line(status);
+    let head = body.trim_end();
+    let len = body.len();
+    format!(
+        "HTTP/1.1 {head}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len}\r\nCache-Control: no-store\r\nConnection: close\r\n{extra_headers}\r\n{body}"
     )
     .into_bytes()
+}
+
+/// The answer to a connection refused for its source.
+fn busy() -> Vec<u8> {
+    plain(StatusCode::SERVICE_UNAVAILABLE, "Retry-After: 1\r\n")
 }
 
 #[cfg(test)]
@@ -378,75 +470,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_head_ends_at_the_first_empty_line() {
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\n\r\nbody", 0), Some(18));
-        assert_eq!(head_end(b"GET / HTTP/1.1\n\nbody", 0), Some(16));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n", 0), None);
-        assert_eq!(head_end(b"", 0), None);
-        assert_eq!(head_end(b"\n", 5), None);
+    fn plain_answers_close_the_connection() {
+        let text = String::from_utf8(plain(StatusCode::REQUEST_TIMEOUT, "")).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("\r\nConnection: close\r\n"));
+        assert!(text.ends_with("\r\n\r\n408 Request Timeout\n"));
+        assert!(text.contains("Content-Length: 20\r\n"));
+        let text = String::from_utf8(busy()).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("\r\nRetry-After: 1\r\n"));
     }
 
     #[tokio::test]
-    async fn heads_are_read_in_pieces_and_bounded() {
-        let (mut client, mut server) = tokio::io::duplex(64);
-        let reader = tokio::spawn(async move { read_head(&mut server, 64).await });
-        for piece in [
-            &b"GET /metrics HTTP/1.1\r"[..],
-            b"\n",
-            b"Host: x\r\n\r",
-            b"\nrest",
-        ] {
-            client.write_all(piece).await.unwrap();
-            tokio::task::yield_now().await;
-        }
-        let head = reader.await.unwrap().unwrap();
-        assert_eq!(head, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-
-        let (mut client, mut server) = tokio::io::duplex(4096);
-        client.write_all(&[b'a'; 100]).await.unwrap();
-        assert_eq!(read_head(&mut server, 64).await, Err(HeadError::TooLarge));
-
-        let (client, mut server) = tokio::io::duplex(64);
-        drop(client);
-        assert_eq!(read_head(&mut server, 64).await, Err(HeadError::Closed));
-    }
-
-    #[test]
-    fn request_lines_are_routed() {
-        let cases: [(&[u8], Route); 12] = [
-            (
-                b"GET /metrics HTTP/1.1\r\n\r\n",
-                Route::Metrics { body: true },
-            ),
-            (
-                b"GET /metrics?x=1 HTTP/1.0\n\n",
-                Route::Metrics { body: true },
-            ),
-            (
-                b"HEAD /metrics HTTP/1.1\r\n\r\n",
-                Route::Metrics { body: false },
-            ),
-            (b"POST /metrics HTTP/1.1\r\n\r\n", Route::BadMethod),
-            (b"get /metrics HTTP/1.1\r\n\r\n", Route::BadMethod),
-            (b"GET / HTTP/1.1\r\n\r\n", Route::NotFound),
-            (b"GET /metrics/ HTTP/1.1\r\n\r\n", Route::NotFound),
-            (b"GET /metrics HTTP/2\r\n\r\n", Route::BadRequest),
-            (b"GET  /metrics HTTP/1.1\r\n\r\n", Route::BadRequest),
-            (b"GET /metrics\r\n\r\n", Route::BadRequest),
-            (b"\xff\xfe /metrics HTTP/1.1\r\n\r\n", Route::BadRequest),
-            (b"", Route::BadRequest),
-        ];
-        for (head, want) in cases {
-            assert_eq!(route(head), want, "{}", String::from_utf8_lossy(head));
-        }
-    }
-
-    #[test]
-    fn plain_answers_close_the_connection() {
-        let text = String::from_utf8(plain("404 Not Found", "")).unwrap();
-        assert!(text.starts_with("HTTP/1.1 404 Not Found\r\n"));
-        assert!(text.contains("\r\nConnection: close\r\n"));
-        assert!(text.ends_with("\r\n\r\n404 Not Found\n"));
-        assert!(text.contains("Content-Length: 14\r\n"));
+    async fn a_source_at_its_bound_or_asking_for_the_last_slot_is_refused() {
+        let slots = Arc::new(Semaphore::new(4));
+        let sources = Arc::new(Sources {
+            per_source: 2,
+            open: Mutex::new(HashMap::new()),
+        });
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let c: IpAddr = "192.0.2.3".parse().unwrap();
+        let slot = || slots.clone().try_acquire_owned().unwrap();
+        let a1 = sources.enter(a, slot(), false).unwrap();
+        let a2 = sources.enter(a, slot(), false).unwrap();
+        assert!(
+            sources.enter(a, slot(), false).is_none(),
+            "a is at its bound"
+        );
+        let b1 = sources.enter(b, slot(), false).unwrap();
+        assert!(
+            sources.enter(b, slot(), true).is_none(),
+            "the last slot is for a new source"
+        );
+        let c1 = sources.enter(c, slot(), true).unwrap();
+        assert_eq!(slots.available_permits(), 0);
+        drop((a1, b1, c1));
+        assert_eq!(slots.available_permits(), 3);
+        assert_eq!(lock(&sources.open).get(&a), Some(&1));
+        drop(a2);
+        assert!(
+            lock(&sources.open).is_empty(),
+            "no entry outlives its connections"
+        );
     }
 }
