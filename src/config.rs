@@ -21,6 +21,9 @@ use std::time::Duration;
 /// assert_eq!(limits.default_deadline.as_secs(), 30);
 /// let broken = Limits { max_inflight_per_session: 0, ..Limits::default() };
 /// assert!(broken.validate().is_err());
+/// // A lost contact redialled at once, in a loop, is refused too.
+/// let busy = Limits { reconnect_initial: std::time::Duration::ZERO, ..Limits::default() };
+/// assert!(busy.validate().is_err());
 /// ```
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -211,6 +214,9 @@ impl Limits {
             ("close_timeout", self.close_timeout),
             ("replay_window", self.replay_window),
             ("host_timeout", self.host_timeout),
+            // A contact lost is dialled again after this: 0 would redial in
+            // a tight loop.
+            ("reconnect_initial", self.reconnect_initial),
         ] {
             if value.is_zero() {
                 return Err(format!("{name} must be positive"));
