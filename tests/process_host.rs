@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use capwire::host::ProcessHost;
+use capwire::host::{InProcessHost, ProcessHost};
 use capwire::manifest::{
     ChildArgs, ChildStatus, ClusterContact, ClusterCreate, ClusterList, ClusterRemove,
     ClusterSetMonitoring, CreateArgs, Member, MonitoringStatus, NoArgs, SetMonitoringArgs, verb,
@@ -213,4 +213,85 @@ async fn removing_a_child_and_stopping_the_parent_end_the_processes() {
     // Its state stays for the parent's next run.
     assert!(base.join(&cids[1]).join("state.redb").exists());
     cp.shutdown().await;
+}
+
+/// Names that are valid (5.2) but look like flags, assignments or need
+/// quoting; the last is 64 bytes, the longest allowed.
+fn odd_names() -> Vec<String> {
+    vec![
+        "-bob".into(),
+        "--help".into(),
+        "-".into(),
+        "--name=evil".into(),
+        "a=b".into(),
+        "=x".into(),
+        "with space".into(),
+        "ünïcødé ☃ 名前".into(),
+        "é".repeat(32),
+    ]
+}
+
+/// Creates every odd name as a child of `parent` through `core.cluster`,
+/// and checks the roster and the child's own manifest carry it as given.
+async fn create_odd_names(parent: Node) {
+    let cp = Node::builder("cp").start().await.unwrap();
+    let invite = parent.invite(Some(cp.id())).unwrap();
+    let (peer, _) = cp.connect_invite(&invite).await.unwrap();
+    for name in odd_names() {
+        let m = peer
+            .request(
+                ClusterCreate,
+                CreateArgs {
+                    name: name.clone(),
+                    bio: None,
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("creating {name:?}: {e}"));
+        assert_eq!(m.name, name);
+        assert_eq!(m.status, ChildStatus::Running, "{name:?}");
+        let contact = peer
+            .request(ClusterContact, ChildArgs { cid: m.cid.clone() })
+            .await
+            .unwrap();
+        let mut invite: Invite = contact.invite.parse().unwrap();
+        invite.code = None;
+        let (child, _) = cp.connect_invite(&invite).await.unwrap();
+        let manifest = child.manifest().expect("the child's manifest");
+        assert_eq!(manifest.name, name, "the child's own name");
+    }
+    parent.shutdown().await;
+    cp.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_child_names_come_out_as_given_through_the_process_host() {
+    let dir = tempfile::tempdir().unwrap();
+    // A base directory that needs quoting too.
+    let base = dir.path().join("odd dir=1").join("-children");
+    let host = ProcessHost::new(env!("CARGO_BIN_EXE_capwire"), &base);
+    let parent = Node::builder("parent")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host(host)
+        .start()
+        .await
+        .unwrap();
+    create_odd_names(parent).await;
+    eventually("no child outlives the parent", async || {
+        pids_with(&base.to_string_lossy()).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_child_names_come_out_as_given_through_the_in_process_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = InProcessHost::new().state_dir(dir.path().join("odd dir=1").join("-children"));
+    let parent = Node::builder("parent")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host(host)
+        .start()
+        .await
+        .unwrap();
+    create_odd_names(parent).await;
 }

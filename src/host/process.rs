@@ -18,6 +18,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -93,7 +94,8 @@ fn failed(e: impl std::fmt::Display) -> HostError {
 }
 
 impl ProcessHost {
-    /// Children run `program node --state BASE/CID --supervised ...`;
+    /// Children run `program node --state=BASE/CID --name=NAME
+    /// --supervised --listen=ADDR.. ARGS..` (see [`args`](Self::args));
     /// `program` is a `capwire` executable.
     pub fn new(program: impl Into<PathBuf>, base: impl Into<PathBuf>) -> Self {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
@@ -107,7 +109,9 @@ impl ProcessHost {
         }
     }
 
-    /// Extra arguments for every child's `capwire node`.
+    /// Extra arguments for every child's `capwire node`, passed as they
+    /// are after the host's own; a value that may start with `-` belongs
+    /// in the same argument as its flag (`--app=VALUE`).
     pub fn args(mut self, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.args.extend(args.into_iter().map(Into::into));
         self
@@ -123,17 +127,18 @@ impl ProcessHost {
     async fn spawn(&self, spec: &ChildSpec, addrs: &[Addr]) -> Result<Arc<Proc>, HostError> {
         let dir = self.base.join(&spec.cid);
         let mut cmd = Command::new(&self.program);
+        // Every value goes in the same argument as its flag, so that one
+        // that starts with `-` (a name such as `--help`) is never read as
+        // a flag.
         cmd.arg("node")
-            .arg("--state")
-            .arg(&dir)
-            .arg("--name")
-            .arg(&spec.name)
+            .arg(flag("--state", dir.as_os_str()))
+            .arg(flag("--name", spec.name.as_ref()))
             .arg("--supervised");
         if addrs.is_empty() {
-            cmd.arg("--listen").arg("tcp://127.0.0.1:0");
+            cmd.arg("--listen=tcp://127.0.0.1:0");
         }
         for a in addrs {
-            cmd.arg("--listen").arg(a.to_string());
+            cmd.arg(format!("--listen={a}"));
         }
         cmd.args(&self.args)
             .stdin(Stdio::piped())
@@ -251,6 +256,14 @@ impl ProcessHost {
             Err(failed(reply["error"].as_str().unwrap_or("refused")))
         }
     }
+}
+
+/// `--flag=VALUE`, as one argument.
+fn flag(name: &str, value: &OsStr) -> OsString {
+    let mut arg = OsString::from(name);
+    arg.push("=");
+    arg.push(value);
+    arg
 }
 
 fn parse_ready(v: &Value) -> Result<ChildInfo, HostError> {
