@@ -4,7 +4,8 @@
 //! without end, writes something that is not JSON, reports a malformed
 //! controller, never says it is ready, or closes its output and keeps
 //! running is killed, reaped, forgotten by the host and reported as exited;
-//! the parent's memory stays bounded meanwhile.
+//! the parent's memory stays bounded meanwhile. The other way round, a
+//! real supervised node stops when its parent breaks the protocol.
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -279,4 +280,67 @@ async fn a_child_whose_first_line_has_no_end_is_killed() {
     let e = result.unwrap_err();
     assert!(e.to_string().contains("pipe protocol"), "{e}");
     gone(&base.join("c1").to_string_lossy()).await;
+}
+
+/// Starts a real `capwire node --supervised` and reads its ready line;
+/// its stdin stays open.
+async fn supervised_node(
+    dir: &Path,
+) -> (
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_capwire"))
+        .arg("node")
+        .arg(format!("--state={}", dir.display()))
+        .args(["--supervised", "--listen=tcp://127.0.0.1:0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("a line from the node")
+            .unwrap()
+            .expect("the node's output ended")
+    };
+    let ready = next().await;
+    assert!(ready.contains(r#""event":"ready""#), "{ready}");
+    let state = next().await;
+    assert!(
+        state.contains(r#""controller":null"#) && state.contains(r#""status":"off""#),
+        "its monitoring state follows: {state}"
+    );
+    (child, stdin, lines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervised_node_stops_when_its_parent_breaks_the_pipe_protocol() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let breaches: [&[u8]; 3] = [
+        // 1 MiB without a newline: the node does not wait for one.
+        &[b'x'; 1 << 20],
+        b"not a request\n",
+        b"\xff\xfe\n",
+    ];
+    for (i, breach) in breaches.into_iter().enumerate() {
+        let (mut child, mut stdin, _lines) = supervised_node(&dir.path().join(i.to_string())).await;
+        // The node may stop before it has read everything.
+        let _ = stdin.write_all(breach).await;
+        let _ = stdin.flush().await;
+        // Its input stays open: only the breach can stop it.
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("breach {i}: the node still runs"))
+            .unwrap();
+        assert!(status.success(), "breach {i}: {status}");
+        drop(stdin);
+    }
 }
