@@ -154,6 +154,8 @@ impl Control {
             self.refresh(now);
         }
         if result.is_ok() {
+            // Wakes manifest watchers also when a new controller leaves the manifest as it was.
+            self.manifest_tx.send_modify(|_| ());
             tracing::info!(controller = %sender, "bound to a control plane");
         }
         result

@@ -1,19 +1,21 @@
 //! The process host: children are real `capwire node --supervised`
 //! processes; their exits show in the roster, monitoring hand-over works
 //! over the pipe, removal ends the process and deletes its state, and a
-//! parent's shutdown ends its children.
+//! parent's shutdown ends its children. Through both hosts: children with
+//! names that look like flags start with their names as given, and
+//! monitoring events say whom the child is bound to.
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 use std::time::Duration;
 
-use capwire::host::ProcessHost;
+use capwire::host::{ChildSpec, Host, HostEvent, InProcessHost, ProcessHost};
 use capwire::manifest::{
     ChildArgs, ChildStatus, ClusterContact, ClusterCreate, ClusterList, ClusterRemove,
     ClusterSetMonitoring, CreateArgs, Member, MonitoringStatus, NoArgs, SetMonitoringArgs, verb,
 };
-use capwire::{ControlEvent, Invite, Node, Peer};
+use capwire::{ControlEvent, Invite, Node, NodeId, Peer};
 
 verb! {
     /// The `app.agent/echo` every `capwire node` has.
@@ -213,4 +215,182 @@ async fn removing_a_child_and_stopping_the_parent_end_the_processes() {
     // Its state stays for the parent's next run.
     assert!(base.join(&cids[1]).join("state.redb").exists());
     cp.shutdown().await;
+}
+
+/// Names that are valid (5.2) but look like flags, assignments or need
+/// quoting; the last is 64 bytes, the longest allowed.
+fn odd_names() -> Vec<String> {
+    vec![
+        "-bob".into(),
+        "--help".into(),
+        "-".into(),
+        "--name=evil".into(),
+        "a=b".into(),
+        "=x".into(),
+        "with space".into(),
+        "ünïcødé ☃ 名前".into(),
+        "é".repeat(32),
+    ]
+}
+
+/// Creates every odd name as a child of `parent` through `core.cluster`,
+/// and checks the roster and the child's own manifest carry it as given.
+async fn create_odd_names(parent: Node) {
+    let cp = Node::builder("cp").start().await.unwrap();
+    let invite = parent.invite(Some(cp.id())).unwrap();
+    let (peer, _) = cp.connect_invite(&invite).await.unwrap();
+    for name in odd_names() {
+        let m = peer
+            .request(
+                ClusterCreate,
+                CreateArgs {
+                    name: name.clone(),
+                    bio: None,
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("creating {name:?}: {e}"));
+        assert_eq!(m.name, name);
+        assert_eq!(m.status, ChildStatus::Running, "{name:?}");
+        let contact = peer
+            .request(ClusterContact, ChildArgs { cid: m.cid.clone() })
+            .await
+            .unwrap();
+        let mut invite: Invite = contact.invite.parse().unwrap();
+        invite.code = None;
+        let (child, _) = cp.connect_invite(&invite).await.unwrap();
+        let manifest = child.manifest().expect("the child's manifest");
+        assert_eq!(manifest.name, name, "the child's own name");
+    }
+    parent.shutdown().await;
+    cp.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_child_names_come_out_as_given_through_the_process_host() {
+    let dir = tempfile::tempdir().unwrap();
+    // A base directory that needs quoting too.
+    let base = dir.path().join("odd dir=1").join("-children");
+    let host = ProcessHost::new(env!("CARGO_BIN_EXE_capwire"), &base);
+    let parent = Node::builder("parent")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host(host)
+        .start()
+        .await
+        .unwrap();
+    create_odd_names(parent).await;
+    eventually("no child outlives the parent", async || {
+        pids_with(&base.to_string_lossy()).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_child_names_come_out_as_given_through_the_in_process_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = InProcessHost::new().state_dir(dir.path().join("odd dir=1").join("-children"));
+    let parent = Node::builder("parent")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host(host)
+        .start()
+        .await
+        .unwrap();
+    create_odd_names(parent).await;
+}
+
+type Watched = (MonitoringStatus, Option<NodeId>);
+
+/// Takes `cid`'s monitoring events until one reports `want`; returns the
+/// states reported before it.
+async fn until_state(
+    events: &mut tokio::sync::mpsc::Receiver<HostEvent>,
+    cid: &str,
+    want: Watched,
+) -> Vec<Watched> {
+    let mut seen = Vec::new();
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(20), events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no {want:?} for {cid}; saw {seen:?}"))
+            .expect("the host's events ended");
+        match e {
+            HostEvent::Monitoring {
+                cid: c,
+                status,
+                controller,
+            } if c == cid => {
+                if (status, controller) == want {
+                    return seen;
+                }
+                seen.push((status, controller));
+            }
+            HostEvent::Exited { cid: c, detail } if c == cid => panic!("{cid} exited: {detail}"),
+            _ => {}
+        }
+    }
+}
+
+/// One child of `host`, bound by a first control plane, then by a second
+/// one with no `off` between, restarted with its binding, and let go: each
+/// monitoring event says whom the child is bound to.
+async fn monitoring_events_name_the_controller(host: impl Host) {
+    let mut events = host.events().unwrap();
+    let spec = ChildSpec {
+        cid: "c1".into(),
+        name: "watched".into(),
+        bio: String::new(),
+        addrs: Vec::new(),
+    };
+    host.start(spec.clone()).await.unwrap();
+    let cp1 = Node::builder("cp1").start().await.unwrap();
+    let cp2 = Node::builder("cp2").start().await.unwrap();
+
+    let invite = host.open_bind("c1", cp1.id()).await.unwrap();
+    let (_p1, reply) = cp1.connect_invite(&invite).await.unwrap();
+    assert!(reply.is_some(), "cp1 bound the child");
+    let seen = until_state(&mut events, "c1", (MonitoringStatus::On, Some(cp1.id()))).await;
+    assert!(
+        seen.iter().all(|s| *s == (MonitoringStatus::Pending, None)),
+        "{seen:?}"
+    );
+
+    // Another control plane binds it in place of the first: the status
+    // stays `on`, the controller changes.
+    let invite = host.open_bind("c1", cp2.id()).await.unwrap();
+    let (_p2, reply) = cp2.connect_invite(&invite).await.unwrap();
+    assert!(reply.is_some(), "cp2 bound the child");
+    let seen = until_state(&mut events, "c1", (MonitoringStatus::On, Some(cp2.id()))).await;
+    assert!(
+        seen.iter().all(|s| s.0 == MonitoringStatus::On),
+        "no off in between: {seen:?}"
+    );
+
+    // Started again with the binding it kept: the host says so.
+    host.shutdown().await.unwrap();
+    host.start(spec).await.unwrap();
+    until_state(&mut events, "c1", (MonitoringStatus::On, Some(cp2.id()))).await;
+
+    host.close_bind("c1").await.unwrap();
+    until_state(&mut events, "c1", (MonitoringStatus::Off, None)).await;
+    host.stop("c1").await.unwrap();
+    cp1.shutdown().await;
+    cp2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_host_monitoring_events_name_the_controller() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("children");
+    monitoring_events_name_the_controller(ProcessHost::new(env!("CARGO_BIN_EXE_capwire"), &base))
+        .await;
+    eventually("the child is gone", async || {
+        pids_with(&base.to_string_lossy()).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_host_monitoring_events_name_the_controller() {
+    let dir = tempfile::tempdir().unwrap();
+    monitoring_events_name_the_controller(InProcessHost::new().state_dir(dir.path())).await;
 }

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use capwire_envelope::NodeId;
+use capwire_manifest::MonitoringStatus;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::addr::Addr;
 use crate::host::{ChildInfo, ChildSpec, Host, HostError, HostEvent, HostFuture};
@@ -40,7 +42,7 @@ pub type ChildFactory = Arc<dyn Fn(&ChildSpec) -> NodeBuilder + Send + Sync>;
 pub struct InProcessHost {
     factory: ChildFactory,
     base: Option<PathBuf>,
-    children: Mutex<HashMap<String, Node>>,
+    children: Mutex<HashMap<String, Child>>,
     events_tx: mpsc::Sender<HostEvent>,
     events_rx: Mutex<Option<mpsc::Receiver<HostEvent>>>,
 }
@@ -60,9 +62,22 @@ impl Default for InProcessHost {
     }
 }
 
-/// Events waiting for the parent; beyond, monitoring changes of children
-/// are dropped (the next change of the same child carries its status).
+/// Events waiting for the parent; beyond, each child's watcher waits for
+/// room, keeping only the child's newest state meanwhile.
 const EVENT_QUEUE: usize = 256;
+
+/// A running child and the watch on its monitoring.
+struct Child {
+    node: Node,
+    watching: CancellationToken,
+}
+
+impl Child {
+    async fn end(self) {
+        self.watching.cancel();
+        self.node.shutdown().await;
+    }
+}
 
 impl InProcessHost {
     /// Children are bare nodes (only the core capabilities) kept in memory.
@@ -96,7 +111,7 @@ impl InProcessHost {
     fn child(&self, cid: &str) -> Result<Node, HostError> {
         lock(&self.children)
             .get(cid)
-            .cloned()
+            .map(|c| c.node.clone())
             .ok_or_else(|| HostError::NotFound(cid.to_owned()))
     }
 
@@ -126,18 +141,25 @@ impl InProcessHost {
                 .map_err(|e| HostError::Failed(e.to_string()))?,
             Err(e) => return Err(HostError::Failed(e.to_string())),
         };
-        let watcher = node.watch_manifest();
-        let events = self.events_tx.clone();
-        let cid = spec.cid.clone();
-        tokio::spawn(watch_monitoring(watcher, cid, events));
-        lock(&self.children).insert(spec.cid.clone(), node.clone());
+        let watching = CancellationToken::new();
+        tokio::spawn(watch_monitoring(
+            node.clone(),
+            spec.cid.clone(),
+            self.events_tx.clone(),
+            watching.clone(),
+        ));
+        let child = Child {
+            node: node.clone(),
+            watching,
+        };
+        lock(&self.children).insert(spec.cid.clone(), child);
         Ok(info(&node))
     }
 
     async fn stop_child(&self, cid: &str) -> Result<(), HostError> {
-        let node = lock(&self.children).remove(cid);
-        if let Some(node) = node {
-            node.shutdown().await;
+        let child = lock(&self.children).remove(cid);
+        if let Some(child) = child {
+            child.end().await;
         }
         if let Some(base) = &self.base {
             let dir = base.join(cid);
@@ -151,9 +173,9 @@ impl InProcessHost {
 
     /// Shuts every child down (the parent is stopping). Their state stays.
     pub(crate) async fn shutdown_all(&self) {
-        let nodes: Vec<Node> = lock(&self.children).drain().map(|(_, n)| n).collect();
-        for n in nodes {
-            n.shutdown().await;
+        let children: Vec<Child> = lock(&self.children).drain().map(|(_, c)| c).collect();
+        for c in children {
+            c.end().await;
         }
     }
 }
@@ -171,24 +193,43 @@ fn info(node: &Node) -> ChildInfo {
     }
 }
 
+/// Reports the child's monitoring state (its status and the control plane
+/// it is bound to) when it starts other than unwatched, and whenever it
+/// changes, until `stop`.
 async fn watch_monitoring(
-    mut watch: crate::node::ManifestWatch,
+    node: Node,
     cid: String,
     events: mpsc::Sender<HostEvent>,
+    stop: CancellationToken,
 ) {
-    let mut last = watch.current().monitoring;
-    while let Some(m) = watch.changed().await {
-        if m.monitoring != last {
-            last = m.monitoring;
+    let mut watch = node.watch_manifest();
+    let state = |status: MonitoringStatus| (status, node.controller());
+    let mut last = (MonitoringStatus::Off, None);
+    let mut now = state(watch.current().monitoring);
+    loop {
+        if now != last {
+            last = now;
             let event = HostEvent::Monitoring {
                 cid: cid.clone(),
-                status: last,
+                status: now.0,
+                controller: now.1,
             };
             // Waits for room: the watch keeps only the newest state
             // meanwhile, so nothing piles up and the last state arrives.
-            if events.send(event).await.is_err() {
-                return;
+            tokio::select! {
+                () = stop.cancelled() => return,
+                sent = events.send(event) => if sent.is_err() { return },
             }
+        }
+        // A new controller wakes the watch too, also when the status
+        // stays `on`.
+        let changed = tokio::select! {
+            () = stop.cancelled() => return,
+            changed = watch.changed() => changed,
+        };
+        match changed {
+            Some(m) => now = state(m.monitoring),
+            None => return,
         }
     }
 }

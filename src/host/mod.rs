@@ -73,13 +73,23 @@ pub enum HostEvent {
         /// Why, in words (exit status, error).
         detail: String,
     },
-    /// The child's monitoring status changed (a control plane bound it,
-    /// or unbound it, or its pending bind expired).
+    /// The child's monitoring changed: its status (a control plane bound
+    /// it, or unbound it, or its pending bind opened, expired or was used
+    /// up) or the control plane it is bound to (one bound it in place of
+    /// another). A host also reports the state of a child it starts when
+    /// that is not `off` with no controller (a child restarted with the
+    /// binding it kept). A host keeps only each child's newest state for
+    /// the parent: states the parent has not taken yet are replaced, not
+    /// queued, so a quick succession may show only its last state.
     Monitoring {
         /// Which child.
         cid: String,
-        /// The new status.
+        /// Its status now.
         status: MonitoringStatus,
+        /// The key of the control plane the child is bound to now; `None`
+        /// when it is not bound. Lets the parent tell a child bound to its
+        /// own control plane from one still bound to a former one.
+        controller: Option<NodeId>,
     },
 }
 

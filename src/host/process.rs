@@ -5,30 +5,81 @@
 //! outlive their parent, even one killed with SIGKILL. Each child keeps
 //! its state in `BASE/CID`, so a restarted child is the same node.
 //!
-//! The pipe protocol (between a parent and the children it starts; not
-//! part of the network protocol):
+//! # The pipe protocol
+//!
+//! Between a parent and the children it starts; not part of the network
+//! protocol. Each way, one JSON object a line, a line at most 64 KiB
+//! (65536 bytes of UTF-8, its newline not counted):
 //!
 //! ```text
 //! child → parent  {"event":"ready","node_id":HEX,"addrs":[ADDR..],"caps":["id@version"..]}
-//!                 {"event":"monitoring","status":"off"|"pending"|"on"}
+//!                 {"event":"monitoring","status":"off"|"pending"|"on","controller":HEX|null}
 //!                 {"reply":N,"ok":true[,"invite":TEXT]} | {"reply":N,"ok":false,"error":TEXT}
 //! parent → child  {"id":N,"op":"open_bind","controller":HEX}
 //!                 {"id":N,"op":"close_bind"}
 //!                 {"id":N,"op":"add_contact","name":TEXT,"node_id":HEX,"addr":ADDR}
 //! ```
+//!
+//! The child's first line is `ready`. Then it reports its monitoring
+//! state, and again whenever its status or its controller changes:
+//! `controller` is the key of the control plane it is bound to now
+//! (`null` when it is not bound), so that the parent can tell a child
+//! bound to its own control plane from one still bound to a former one.
+//! The host forwards these as [`HostEvent::Monitoring`], newest state
+//! first: a state the parent has not taken yet is replaced, not queued.
+//! Each request gets one reply, with its `id`.
+//!
+//! **A child breaks the protocol** when it writes
+//!
+//! - a line over 64 KiB (the host stops reading at the bound, it does not
+//!   wait for the newline), or bytes that are not UTF-8;
+//! - a line that is not a JSON object, or an object that is neither a
+//!   reply (`reply` a number and `ok` a boolean) nor an event (`event` a
+//!   text);
+//! - a `monitoring` event whose `status` is not one of the three, or whose
+//!   `controller` is missing or neither `null` nor 64 lowercase hex digits;
+//! - as its first line, anything but a well-formed `ready` line, or
+//!   nothing within the ready timeout (20 s, see
+//!   [`ProcessHost::ready_timeout`]).
+//!
+//! Events of other names, and replies nobody waits for any more (their
+//! request timed out), are ignored. A child that breaks the protocol
+//! before it is ready is killed and its start fails. Afterwards it is
+//! killed and reaped, the host forgets it (a later
+//! [`start`](Host::start) starts a new process, a [`stop`](Host::stop)
+//! succeeds) and reports [`HostEvent::Exited`], whose detail says what it
+//! broke.
+//!
+//! **Other ends.** A child whose process exits is reported exited with its
+//! exit status. One that closes its output but keeps running is given 1 s
+//! to exit, then killed; either way it is reaped, forgotten and reported
+//! exited. [`stop`](Host::stop) closes the child's input and gives it 5 s
+//! to exit before it is killed; that exit is no event. A request waits for
+//! its reply as long as its caller does (the parent bounds every host call
+//! with its host timeout); however the wait ends, the request leaves the
+//! table of waiting replies.
+//!
+//! The child, in turn, stops when its input closes, and when a line from
+//! its parent breaks the same rules (over 64 KiB, not UTF-8, not a JSON
+//! object with a numeric `id`).
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use capwire_envelope::NodeId;
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::{mpsc, oneshot};
+use capwire_manifest::MonitoringStatus;
+use futures_util::StreamExt;
+use serde_json::{Map, Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::sync::CancellationToken;
 
 use crate::addr::Addr;
 use crate::host::{ChildInfo, ChildSpec, Host, HostError, HostEvent, HostFuture};
@@ -42,21 +93,103 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// How long a child stopped through its closed input may take to exit
 /// before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
-/// Longest line a child may write.
+/// How long a child that closed its output may take to exit before it is
+/// killed.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+/// How long the output a child wrote before it exited is still read.
+const DRAIN: Duration = Duration::from_secs(1);
+/// How long a child may take to say it is ready, unless set.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest line, either way, its newline not counted.
 const MAX_LINE: usize = 64 * 1024;
 /// Events waiting for the parent.
 const EVENT_QUEUE: usize = 256;
 
-/// A running child process.
+/// A child's output, a bounded line at a time.
+type Lines = FramedRead<ChildStdout, LinesCodec>;
+
+/// What a child reports of its monitoring: a state (the newest wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Watched {
+    status: MonitoringStatus,
+    controller: Option<NodeId>,
+}
+
+/// The state a child starts with, as far as the host knows.
+const UNWATCHED: Watched = Watched {
+    status: MonitoringStatus::Off,
+    controller: None,
+};
+
+/// The requests waiting for their reply, by id; `None` once the child is
+/// gone.
+type Replies = Option<HashMap<u64, oneshot::Sender<Value>>>;
+
+/// A running child process (the process itself is its supervisor's).
 struct Proc {
-    stdin: tokio::sync::Mutex<Option<ChildStdin>>,
-    replies: Mutex<HashMap<u64, oneshot::Sender<Value>>>,
-    next: AtomicU64,
     info: ChildInfo,
+    stdin: tokio::sync::Mutex<Option<ChildStdin>>,
+    replies: Mutex<Replies>,
+    next: AtomicU64,
     /// Set when the parent stops it (its exit is then no event).
     stopping: AtomicBool,
-    /// Takes the process when it is to be waited for.
-    child: tokio::sync::Mutex<Option<Child>>,
+    /// Cancelled to have the supervisor kill the process.
+    kill: CancellationToken,
+    /// Cancelled by the supervisor once the process is reaped.
+    reaped: CancellationToken,
+}
+
+/// A request's entry in the table of waiting replies: it leaves the table
+/// when this is dropped, whatever ended the wait (the reply, the caller's
+/// timeout, a dropped future, an error writing the request).
+struct Waiting<'a> {
+    proc: &'a Proc,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(waiting) = lock(&self.proc.replies).as_mut() {
+            waiting.remove(&self.id);
+        }
+    }
+}
+
+impl Proc {
+    fn new(info: ChildInfo, stdin: Option<ChildStdin>) -> Self {
+        Self {
+            info,
+            stdin: tokio::sync::Mutex::new(stdin),
+            replies: Mutex::new(Some(HashMap::new())),
+            next: AtomicU64::new(1),
+            stopping: AtomicBool::new(false),
+            kill: CancellationToken::new(),
+            reaped: CancellationToken::new(),
+        }
+    }
+
+    /// Enters request `id` in the table of waiting replies.
+    fn wait_for(&self, id: u64) -> Result<(Waiting<'_>, oneshot::Receiver<Value>), HostError> {
+        let (tx, rx) = oneshot::channel();
+        lock(&self.replies)
+            .as_mut()
+            .ok_or_else(|| failed("the child exited"))?
+            .insert(id, tx);
+        Ok((Waiting { proc: self, id }, rx))
+    }
+
+    /// Hands a reply to its request, if it still waits.
+    fn reply(&self, id: u64, reply: Value) {
+        let waiter = lock(&self.replies).as_mut().and_then(|w| w.remove(&id));
+        if let Some(tx) = waiter {
+            let _ = tx.send(reply);
+        }
+    }
+
+    /// The child is gone: every waiting request fails, and new ones do.
+    fn gone(&self) {
+        lock(&self.replies).take();
+    }
 }
 
 /// Runs children as `capwire node --supervised` processes.
@@ -73,7 +206,8 @@ pub struct ProcessHost {
     program: PathBuf,
     base: PathBuf,
     args: Vec<String>,
-    procs: Mutex<HashMap<String, Arc<Proc>>>,
+    ready_timeout: Duration,
+    procs: Arc<Mutex<HashMap<String, Arc<Proc>>>>,
     events_tx: mpsc::Sender<HostEvent>,
     events_rx: Mutex<Option<mpsc::Receiver<HostEvent>>>,
 }
@@ -92,8 +226,24 @@ fn failed(e: impl std::fmt::Display) -> HostError {
     HostError::Failed(e.to_string())
 }
 
+/// `--flag=VALUE`, as one argument.
+fn flag(name: &str, value: &OsStr) -> OsString {
+    let mut arg = OsString::from(name);
+    arg.push("=");
+    arg.push(value);
+    arg
+}
+
+/// A child process just started, not yet supervised.
+struct Launched {
+    child: Child,
+    lines: Lines,
+    proc: Arc<Proc>,
+}
+
 impl ProcessHost {
-    /// Children run `program node --state BASE/CID --supervised ...`;
+    /// Children run `program node --state=BASE/CID --name=NAME
+    /// --supervised --listen=ADDR.. ARGS..` (see [`args`](Self::args));
     /// `program` is a `capwire` executable.
     pub fn new(program: impl Into<PathBuf>, base: impl Into<PathBuf>) -> Self {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
@@ -101,15 +251,26 @@ impl ProcessHost {
             program: program.into(),
             base: base.into(),
             args: Vec::new(),
-            procs: Mutex::new(HashMap::new()),
+            ready_timeout: READY_TIMEOUT,
+            procs: Arc::new(Mutex::new(HashMap::new())),
             events_tx,
             events_rx: Mutex::new(Some(events_rx)),
         }
     }
 
-    /// Extra arguments for every child's `capwire node`.
+    /// Extra arguments for every child's `capwire node`, passed as they
+    /// are after the host's own; a value that may start with `-` belongs
+    /// in the same argument as its flag (`--app=VALUE`).
     pub fn args(mut self, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// How long a child may take from its start to its ready line
+    /// (default 20 s); one that takes longer is killed and its start
+    /// fails.
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
         self
     }
 
@@ -120,20 +281,22 @@ impl ProcessHost {
             .ok_or_else(|| HostError::NotFound(cid.to_owned()))
     }
 
-    async fn spawn(&self, spec: &ChildSpec, addrs: &[Addr]) -> Result<Arc<Proc>, HostError> {
+    /// Starts the process and waits for its ready line.
+    async fn launch(&self, spec: &ChildSpec, addrs: &[Addr]) -> Result<Launched, HostError> {
         let dir = self.base.join(&spec.cid);
         let mut cmd = Command::new(&self.program);
+        // Every value goes in the same argument as its flag, so that one
+        // that starts with `-` (a name such as `--help`) is never read as
+        // a flag.
         cmd.arg("node")
-            .arg("--state")
-            .arg(&dir)
-            .arg("--name")
-            .arg(&spec.name)
+            .arg(flag("--state", dir.as_os_str()))
+            .arg(flag("--name", spec.name.as_ref()))
             .arg("--supervised");
         if addrs.is_empty() {
-            cmd.arg("--listen").arg("tcp://127.0.0.1:0");
+            cmd.arg("--listen=tcp://127.0.0.1:0");
         }
         for a in addrs {
-            cmd.arg("--listen").arg(a.to_string());
+            cmd.arg(format!("--listen={a}"));
         }
         cmd.args(&self.args)
             .stdin(Stdio::piped())
@@ -144,46 +307,40 @@ impl ProcessHost {
             .spawn()
             .map_err(|e| failed(format!("starting {}: {e}", self.program.display())))?;
         let stdin = child.stdin.take();
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| failed("no stdout from the child"))?;
-        let mut lines = BufReader::new(stdout).lines();
-        // The first line says it is up (or the child failed).
-        let ready = loop {
-            match lines.next_line().await {
-                Ok(Some(line)) if line.len() <= MAX_LINE => {
-                    if let Ok(v) = serde_json::from_str::<Value>(&line)
-                        && v["event"] == "ready"
-                    {
-                        break v;
-                    }
-                }
-                Ok(Some(_)) => return Err(failed("the child wrote an over-long line")),
-                Ok(None) | Err(_) => {
-                    let status = child.wait().await.map_err(failed)?;
-                    return Err(failed(format!(
-                        "the child exited before it was ready: {status}"
-                    )));
-                }
-            }
+        let Some(stdout) = child.stdout.take() else {
+            let _ = child.kill().await;
+            return Err(failed("no stdout from the child"));
         };
-        let info = parse_ready(&ready)?;
-        let proc = Arc::new(Proc {
-            stdin: tokio::sync::Mutex::new(stdin),
-            replies: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(1),
-            info,
-            stopping: AtomicBool::new(false),
-            child: tokio::sync::Mutex::new(Some(child)),
-        });
-        tokio::spawn(read_loop(
-            proc.clone(),
-            lines,
-            spec.cid.clone(),
-            self.events_tx.clone(),
-        ));
-        Ok(proc)
+        let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE));
+        // The first line says it is up (or the child failed).
+        let ready = match tokio::time::timeout(self.ready_timeout, lines.next()).await {
+            Ok(Some(Ok(line))) => parse_ready(&line),
+            Ok(Some(Err(e))) => match read_error(&e) {
+                Some(why) => Err(broke(&why)),
+                None => Err(format!("reading the child's output failed: {e}")),
+            },
+            Ok(None) => {
+                let status = exit_of(&mut child, EXIT_GRACE).await;
+                return Err(failed(format!(
+                    "the child's output ended before it was ready: {status}"
+                )));
+            }
+            Err(_) => Err(format!(
+                "the child did not say it was ready within {:?}",
+                self.ready_timeout
+            )),
+        };
+        match ready {
+            Ok(info) => Ok(Launched {
+                child,
+                lines,
+                proc: Arc::new(Proc::new(info, stdin)),
+            }),
+            Err(why) => {
+                let _ = child.kill().await;
+                Err(failed(format!("{why}; killed")))
+            }
+        }
     }
 
     async fn start_child(&self, spec: ChildSpec) -> Result<ChildInfo, HostError> {
@@ -191,27 +348,51 @@ impl ProcessHost {
             return Ok(p.info.clone());
         }
         std::fs::create_dir_all(&self.base).map_err(failed)?;
-        let proc = match self.spawn(&spec, &spec.addrs).await {
-            Ok(p) => p,
+        let mut launched = match self.launch(&spec, &spec.addrs).await {
+            Ok(l) => l,
             // Its old addresses may be taken: new ones then.
-            Err(_) if !spec.addrs.is_empty() => self.spawn(&spec, &[]).await?,
+            Err(_) if !spec.addrs.is_empty() => self.launch(&spec, &[]).await?,
             Err(e) => return Err(e),
         };
-        let info = proc.info.clone();
-        lock(&self.procs).insert(spec.cid.clone(), proc);
+        // In the table before its supervisor runs, which takes it out.
+        let earlier = {
+            let mut procs = lock(&self.procs);
+            match procs.get(&spec.cid) {
+                Some(p) => Some(p.clone()),
+                None => {
+                    procs.insert(spec.cid.clone(), launched.proc.clone());
+                    None
+                }
+            }
+        };
+        if let Some(p) = earlier {
+            // Another start of the same child won: this process goes.
+            let _ = launched.child.kill().await;
+            return Ok(p.info.clone());
+        }
+        let info = launched.proc.info.clone();
+        tokio::spawn(supervise(
+            launched,
+            spec.cid.clone(),
+            self.events_tx.clone(),
+            self.procs.clone(),
+        ));
         Ok(info)
     }
 
     async fn end(proc: &Proc) {
         proc.stopping.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + STOP_GRACE;
         // Closing its input asks it to stop; it is killed if it does not.
-        drop(proc.stdin.lock().await.take());
-        if let Some(mut child) = proc.child.lock().await.take()
-            && tokio::time::timeout(STOP_GRACE, child.wait())
-                .await
-                .is_err()
+        if let Ok(mut stdin) = tokio::time::timeout_at(deadline, proc.stdin.lock()).await {
+            drop(stdin.take());
+        }
+        if tokio::time::timeout_at(deadline, proc.reaped.cancelled())
+            .await
+            .is_err()
         {
-            let _ = child.kill().await;
+            proc.kill.cancel();
+            proc.reaped.cancelled().await;
         }
     }
 
@@ -232,10 +413,12 @@ impl ProcessHost {
         let proc = self.proc(cid)?;
         let id = proc.next.fetch_add(1, Ordering::Relaxed);
         request["id"] = json!(id);
-        let (tx, rx) = oneshot::channel();
-        lock(&proc.replies).insert(id, tx);
         let mut line = request.to_string();
+        if line.len() > MAX_LINE {
+            return Err(failed("the request is longer than a pipe line may be"));
+        }
         line.push('\n');
+        let (_waiting, reply) = proc.wait_for(id)?;
         {
             let mut stdin = proc.stdin.lock().await;
             let Some(stdin) = stdin.as_mut() else {
@@ -244,7 +427,7 @@ impl ProcessHost {
             stdin.write_all(line.as_bytes()).await.map_err(failed)?;
             stdin.flush().await.map_err(failed)?;
         }
-        let reply = rx.await.map_err(|_| failed("the child exited"))?;
+        let reply = reply.await.map_err(|_| failed("the child exited"))?;
         if reply["ok"] == true {
             Ok(reply)
         } else {
@@ -253,8 +436,49 @@ impl ProcessHost {
     }
 }
 
-fn parse_ready(v: &Value) -> Result<ChildInfo, HostError> {
-    let bad = || failed(format!("bad ready line from the child: {v}"));
+/// The detail of a breach.
+fn broke(why: &str) -> String {
+    format!("the child broke the pipe protocol: {why}")
+}
+
+/// What a failed read of a line says of the child: `Some` for a breach
+/// (an over-long line, bytes that are not UTF-8), `None` for a failed
+/// pipe.
+fn read_error(e: &LinesCodecError) -> Option<String> {
+    match e {
+        LinesCodecError::MaxLineLengthExceeded => Some(format!("a line over {MAX_LINE} bytes")),
+        LinesCodecError::Io(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Some("output that is not UTF-8".to_owned())
+        }
+        LinesCodecError::Io(_) => None,
+    }
+}
+
+/// Waits up to `grace` for the child to exit, then kills it; says how it
+/// ended.
+async fn exit_of(child: &mut Child, grace: Duration) -> String {
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => describe(status),
+        Err(_) => {
+            let _ = child.kill().await;
+            "it closed its output and kept running; killed".to_owned()
+        }
+    }
+}
+
+fn describe(status: std::io::Result<ExitStatus>) -> String {
+    match status {
+        Ok(s) => s.to_string(),
+        Err(e) => format!("waiting for it failed: {e}"),
+    }
+}
+
+fn parse_ready(line: &str) -> Result<ChildInfo, String> {
+    let bad = || broke(&format!("a first line that is not a ready line: {line}"));
+    let v: Value = serde_json::from_str(line).map_err(|_| bad())?;
+    if v["event"] != "ready" {
+        return Err(bad());
+    }
     let node_id = v["node_id"]
         .as_str()
         .and_then(|s| NodeId::try_from(s).ok())
@@ -282,86 +506,195 @@ fn parse_ready(v: &Value) -> Result<ChildInfo, HostError> {
     })
 }
 
-async fn read_loop(
-    proc: Arc<Proc>,
-    mut lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+/// What one line from a ready child says.
+#[derive(Debug, PartialEq)]
+enum Said {
+    /// The reply to request `id`.
+    Reply(u64, Value),
+    /// Its monitoring state now.
+    Monitoring(Watched),
+    /// An event this host does not know.
+    Other,
+}
+
+/// Reads one line from a ready child; `Err` says how it breaks the
+/// protocol.
+fn parse_line(line: &str) -> Result<Said, &'static str> {
+    let v: Value = serde_json::from_str(line).map_err(|_| "a line that is not JSON")?;
+    let Value::Object(obj) = v else {
+        return Err("a line that is not a JSON object");
+    };
+    if let Some(id) = obj.get("reply") {
+        let id = id.as_u64().ok_or("a reply whose id is not a number")?;
+        if !obj.get("ok").is_some_and(Value::is_boolean) {
+            return Err("a reply without a boolean ok");
+        }
+        return Ok(Said::Reply(id, Value::Object(obj)));
+    }
+    match obj.get("event").map(Value::as_str) {
+        Some(Some("monitoring")) => parse_monitoring(&obj).map(Said::Monitoring),
+        Some(Some(_)) => Ok(Said::Other),
+        _ => Err("a line that is neither a reply nor an event"),
+    }
+}
+
+fn parse_monitoring(event: &Map<String, Value>) -> Result<Watched, &'static str> {
+    let status = match event.get("status").and_then(Value::as_str) {
+        Some("off") => MonitoringStatus::Off,
+        Some("pending") => MonitoringStatus::Pending,
+        Some("on") => MonitoringStatus::On,
+        _ => return Err("a monitoring status other than off, pending or on"),
+    };
+    let controller = match event.get("controller") {
+        Some(Value::Null) => None,
+        Some(Value::String(key)) => Some(
+            NodeId::try_from(key.as_str())
+                .map_err(|_| "a monitoring controller that is not a key")?,
+        ),
+        _ => return Err("a monitoring event without a controller key or null"),
+    };
+    Ok(Watched { status, controller })
+}
+
+/// Why a ready child's output ended.
+enum End {
+    /// Its process exited.
+    Exited(std::io::Result<ExitStatus>),
+    /// Its output closed (or failed); the process may still run.
+    Closed,
+    /// It broke the pipe protocol, as said.
+    Broke(String),
+    /// The host had it killed (it did not stop when asked).
+    Killed,
+}
+
+/// Watches a ready child until its process is gone: hands replies to
+/// their requests and monitoring states to the parent, kills the child
+/// when it breaks the protocol or closes its output and lingers, then
+/// forgets it and reports its exit (unless the parent stopped it).
+async fn supervise(
+    launched: Launched,
     cid: String,
     events: mpsc::Sender<HostEvent>,
+    procs: Arc<Mutex<HashMap<String, Arc<Proc>>>>,
 ) {
-    // The child's monitoring state is a state, not a stream of events: the
+    let Launched {
+        mut child,
+        mut lines,
+        proc,
+    } = launched;
+    // Whoever waits for the end hears of it even if this task is dropped
+    // (the child is then killed, as its handle drops).
+    let reaped = proc.reaped.clone().drop_guard();
+    // The child's monitoring is a state, not a stream of events: the
     // reader keeps only the newest in a one-slot channel (never waiting,
     // so replies keep flowing), and a forwarder hands it to the host's
     // bounded event queue, waiting for room, so the last state always
     // arrives.
-    let (status_tx, mut status_rx) =
-        tokio::sync::watch::channel(capwire_manifest::MonitoringStatus::Off);
-    status_rx.mark_unchanged();
-    let forward = {
-        let (events, cid) = (events.clone(), cid.clone());
-        tokio::spawn(async move {
-            while status_rx.changed().await.is_ok() {
-                let status = *status_rx.borrow_and_update();
-                let event = HostEvent::Monitoring {
-                    cid: cid.clone(),
-                    status,
-                };
-                if events.send(event).await.is_err() {
-                    return;
+    let (state_tx, state_rx) = watch::channel(UNWATCHED);
+    let forward = tokio::spawn(forward(state_rx, cid.clone(), events.clone()));
+
+    let end = tokio::select! {
+        () = proc.kill.cancelled() => End::Killed,
+        end = read_lines(&proc, &mut lines, &state_tx) => end,
+        status = child.wait() => End::Exited(status),
+    };
+    let detail = match end {
+        End::Exited(status) => {
+            // What it wrote before it went still counts.
+            let _ = tokio::time::timeout(DRAIN, read_lines(&proc, &mut lines, &state_tx)).await;
+            describe(status)
+        }
+        End::Closed if proc.stopping.load(Ordering::SeqCst) => {
+            // Asked to stop: it has until the host kills it.
+            tokio::select! {
+                status = child.wait() => describe(status),
+                () = proc.kill.cancelled() => {
+                    let _ = child.kill().await;
+                    "killed".to_owned()
                 }
             }
-        })
-    };
-    read_lines(&proc, &mut lines, &status_tx).await;
-    // The newest state goes out before the exit.
-    drop(status_tx);
-    let _ = forward.await;
-    reap(proc, cid, events).await;
-}
-
-/// Handles the child's output lines until it ends: replies to their
-/// waiters, monitoring changes into `status`.
-async fn read_lines(
-    proc: &Proc,
-    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    status: &tokio::sync::watch::Sender<capwire_manifest::MonitoringStatus>,
-) {
-    while let Ok(Some(line)) = lines.next_line().await {
-        if line.len() > MAX_LINE {
-            break;
         }
-        let Ok(v) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        if let Some(id) = v["reply"].as_u64() {
-            if let Some(tx) = lock(&proc.replies).remove(&id) {
-                let _ = tx.send(v);
-            }
-        } else if v["event"] == "monitoring" {
-            let new = match v["status"].as_str() {
-                Some("on") => capwire_manifest::MonitoringStatus::On,
-                Some("pending") => capwire_manifest::MonitoringStatus::Pending,
-                _ => capwire_manifest::MonitoringStatus::Off,
-            };
-            status.send_replace(new);
+        End::Closed => exit_of(&mut child, EXIT_GRACE).await,
+        End::Broke(why) => {
+            let _ = child.kill().await;
+            format!("{}; killed", broke(&why))
+        }
+        End::Killed => {
+            let _ = child.kill().await;
+            "killed".to_owned()
+        }
+    };
+    drop(lines);
+    proc.gone();
+    {
+        let mut procs = lock(&procs);
+        if procs.get(&cid).is_some_and(|p| Arc::ptr_eq(p, &proc)) {
+            procs.remove(&cid);
         }
     }
-}
-
-/// After the child's output ended: it exited (or is about to).
-async fn reap(proc: Arc<Proc>, cid: String, events: mpsc::Sender<HostEvent>) {
-    lock(&proc.replies).clear();
+    drop(reaped);
     if proc.stopping.load(Ordering::SeqCst) {
+        forward.abort();
         return;
     }
-    let detail = match proc.child.lock().await.as_mut() {
-        Some(child) => match tokio::time::timeout(STOP_GRACE, child.wait()).await {
-            Ok(Ok(status)) => status.to_string(),
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "closed its output".to_owned(),
-        },
-        None => "stopped".to_owned(),
-    };
+    // The newest state goes out before the exit.
+    drop(state_tx);
+    let _ = forward.await;
+    tracing::debug!(cid = %cid, detail = %detail, "child exited");
     let _ = events.send(HostEvent::Exited { cid, detail }).await;
+}
+
+/// Hands each new monitoring state of the child to the parent.
+async fn forward(
+    mut state: watch::Receiver<Watched>,
+    cid: String,
+    events: mpsc::Sender<HostEvent>,
+) {
+    // The first state (`UNWATCHED`) counts as seen: only changes go out.
+    while state.changed().await.is_ok() {
+        let Watched { status, controller } = *state.borrow_and_update();
+        let event = HostEvent::Monitoring {
+            cid: cid.clone(),
+            status,
+            controller,
+        };
+        if events.send(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Handles the child's output lines until they end or break the protocol:
+/// replies to their waiters, monitoring states into `state`.
+///
+/// # Cancel safety
+/// Cancel safe: a line is handled whole or not taken.
+async fn read_lines(proc: &Proc, lines: &mut Lines, state: &watch::Sender<Watched>) -> End {
+    loop {
+        let line = match lines.next().await {
+            None => return End::Closed,
+            Some(Ok(line)) => line,
+            Some(Err(e)) => {
+                return match read_error(&e) {
+                    Some(why) => End::Broke(why),
+                    None => End::Closed,
+                };
+            }
+        };
+        match parse_line(&line) {
+            Ok(Said::Reply(id, reply)) => proc.reply(id, reply),
+            Ok(Said::Monitoring(now)) => {
+                state.send_if_modified(|s| {
+                    let changed = *s != now;
+                    *s = now;
+                    changed
+                });
+            }
+            Ok(Said::Other) => {}
+            Err(why) => return End::Broke(why.to_owned()),
+        }
+    }
 }
 
 impl Host for ProcessHost {
@@ -427,5 +760,165 @@ impl Host for ProcessHost {
             futures_util::future::join_all(ends).await;
             Ok(())
         })
+    }
+}
+
+#[cfg(all(test, unix))]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    use super::*;
+
+    const KEY: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+
+    /// A child that says it is ready, then runs `then` (a shell script).
+    fn child_script(dir: &Path, then: &str) -> PathBuf {
+        let ready = format!(r#"{{"event":"ready","node_id":"{KEY}","addrs":[],"caps":[]}}"#);
+        let path = dir.join("child.sh");
+        std::fs::write(&path, format!("#!/bin/sh\necho '{ready}'\n{then}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn spec() -> ChildSpec {
+        ChildSpec {
+            cid: "c1".into(),
+            name: "silent".into(),
+            bio: String::new(),
+            addrs: Vec::new(),
+        }
+    }
+
+    /// Requests of `cid` waiting for their reply.
+    fn waiting(host: &ProcessHost, cid: &str) -> usize {
+        lock(&host.proc(cid).unwrap().replies)
+            .as_ref()
+            .map_or(0, HashMap::len)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_that_ends_unanswered_leaves_the_table_of_waiting_replies() {
+        let dir = tempfile::tempdir().unwrap();
+        // Reads its requests and never answers (exits when its input
+        // closes).
+        let program = child_script(dir.path(), "while read -r _; do :; done");
+        let host = ProcessHost::new(program, dir.path().join("children"));
+        host.start(spec()).await.unwrap();
+
+        // Waiting, it is in the table; dropped, it is not.
+        let mut ask = host.close_bind("c1");
+        let first = tokio::time::timeout(Duration::from_millis(300), &mut ask).await;
+        assert!(first.is_err(), "the child does not answer");
+        assert_eq!(waiting(&host, "c1"), 1);
+        drop(ask);
+        assert_eq!(waiting(&host, "c1"), 0);
+
+        // The parent's timeout around a host call drops it the same way.
+        for _ in 0..3 {
+            let r = tokio::time::timeout(Duration::from_millis(100), host.close_bind("c1")).await;
+            assert!(r.is_err());
+        }
+        assert_eq!(waiting(&host, "c1"), 0);
+        host.stop("c1").await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_that_cannot_be_written_leaves_the_table_of_waiting_replies() {
+        let dir = tempfile::tempdir().unwrap();
+        // Closes its input, keeps its output open.
+        let program = child_script(dir.path(), "exec 0<&-\nwhile :; do sleep 1; done");
+        let host = ProcessHost::new(program, dir.path().join("children"));
+        host.start(spec()).await.unwrap();
+        // Its input may take a moment to close after the ready line.
+        let mut refused = false;
+        for _ in 0..50 {
+            match tokio::time::timeout(Duration::from_millis(100), host.close_bind("c1")).await {
+                Ok(Err(HostError::Failed(_))) => {
+                    refused = true;
+                    break;
+                }
+                Ok(other) => panic!("{other:?}"),
+                Err(_) => {}
+            }
+        }
+        assert!(refused, "the write failed");
+        assert_eq!(waiting(&host, "c1"), 0);
+        host.stop("c1").await.unwrap();
+    }
+
+    #[test]
+    fn lines_from_a_ready_child() {
+        let key = NodeId::try_from(KEY).unwrap();
+        let on = |controller| Watched {
+            status: MonitoringStatus::On,
+            controller,
+        };
+        let ok: &[(&str, Said)] = &[
+            (
+                r#"{"event":"monitoring","status":"on","controller":"1111111111111111111111111111111111111111111111111111111111111111"}"#,
+                Said::Monitoring(on(Some(key))),
+            ),
+            (
+                r#"{"event":"monitoring","status":"on","controller":null}"#,
+                Said::Monitoring(on(None)),
+            ),
+            (
+                r#"{"event":"monitoring","status":"pending","controller":null}"#,
+                Said::Monitoring(Watched {
+                    status: MonitoringStatus::Pending,
+                    controller: None,
+                }),
+            ),
+            (
+                r#"{"reply":7,"ok":true}"#,
+                Said::Reply(7, json!({"reply": 7, "ok": true})),
+            ),
+            (r#"{"event":"later","x":1}"#, Said::Other),
+        ];
+        for (line, said) in ok {
+            assert_eq!(parse_line(line).as_ref(), Ok(said), "{line}");
+        }
+        let broken = [
+            "",
+            "not json",
+            "[1,2]",
+            "\"text\"",
+            "{}",
+            r#"{"event":7}"#,
+            r#"{"reply":"7","ok":true}"#,
+            r#"{"reply":-1,"ok":true}"#,
+            r#"{"reply":7}"#,
+            r#"{"reply":7,"ok":"yes"}"#,
+            r#"{"event":"monitoring","status":"on"}"#,
+            r#"{"event":"monitoring","status":"ON","controller":null}"#,
+            r#"{"event":"monitoring","controller":null}"#,
+            r#"{"event":"monitoring","status":"on","controller":7}"#,
+            r#"{"event":"monitoring","status":"on","controller":"11"}"#,
+            r#"{"event":"monitoring","status":"on","controller":"1111111111111111111111111111111111111111111111111111111111111ABC"}"#,
+        ];
+        for line in broken {
+            assert!(parse_line(line).is_err(), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_first_line_must_be_a_ready_line() {
+        let good = format!(
+            r#"{{"event":"ready","node_id":"{KEY}","addrs":["tcp://127.0.0.1:9"],"caps":["app.x@1.0.0"]}}"#
+        );
+        let info = parse_ready(&good).unwrap();
+        assert_eq!(info.addrs.len(), 1);
+        assert_eq!(info.caps, ["app.x@1.0.0"]);
+        for bad in [
+            "hello".to_owned(),
+            r#"{"event":"monitoring","status":"off","controller":null}"#.to_owned(),
+            format!(r#"{{"event":"ready","node_id":"{KEY}","addrs":["nowhere"],"caps":[]}}"#),
+            r#"{"event":"ready","node_id":"11","addrs":[],"caps":[]}"#.to_owned(),
+        ] {
+            let e = parse_ready(&bad).unwrap_err();
+            assert!(e.contains("pipe protocol"), "{e}");
+        }
     }
 }

@@ -9,9 +9,11 @@
 use std::path::PathBuf;
 
 use capwire::host::{InProcessHost, ProcessHost};
+use capwire::manifest::MonitoringStatus;
 use capwire::{Addr, Contact, Invite, Node, NodeId};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_util::codec::{FramedRead, LinesCodec};
 
 use crate::agent::{self, AgentName};
 use crate::exit::Failure;
@@ -232,29 +234,57 @@ pub(crate) async fn wait_for_signal() {
     }
 }
 
-/// Serves the parent's requests until stdin closes; reports monitoring
-/// changes.
+/// Longest line of the pipe protocol, either way (the process host's
+/// bound), its newline not counted.
+const PIPE_MAX_LINE: usize = 64 * 1024;
+
+/// The pipe protocol's report of the node's monitoring: its status and
+/// the control plane it is bound to now.
+fn monitoring_line(status: MonitoringStatus, controller: Option<NodeId>) -> Value {
+    json!({
+        "event": "monitoring",
+        "status": status,
+        "controller": controller.map(|c| c.to_string()),
+    })
+}
+
+/// Serves the parent's requests until stdin closes; reports the node's
+/// monitoring state at once and whenever its status or its controller
+/// changes. A line from the parent that breaks the pipe protocol (over
+/// its bound, not UTF-8, not a request) ends it as a closed stdin does.
 async fn supervised(node: &Node) {
     let mut watch = node.watch_manifest();
-    let mut last = watch.current().monitoring;
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut last = (watch.current().monitoring, node.controller());
+    print(&monitoring_line(last.0, last.1));
+    let codec = LinesCodec::new_with_max_length(PIPE_MAX_LINE);
+    let mut lines = FramedRead::new(tokio::io::stdin(), codec);
     loop {
         tokio::select! {
-            line = lines.next_line() => match line {
-                Ok(Some(line)) => {
-                    if let Some(reply) = request(node, &line).await {
-                        print(&reply);
+            line = lines.next() => match line {
+                Some(Ok(line)) => match request(node, &line).await {
+                    Some(reply) => print(&reply),
+                    None => {
+                        tracing::error!("the parent sent a line that is not a request: stopping");
+                        return;
                     }
+                },
+                Some(Err(e)) => {
+                    tracing::error!(error = %e, "the parent broke the pipe protocol: stopping");
+                    return;
                 }
                 // The parent is gone (or closed our input): stop.
-                Ok(None) | Err(_) => return,
+                None => return,
             },
             changed = watch.changed() => match changed {
-                Some(m) if m.monitoring != last => {
-                    last = m.monitoring;
-                    print(&json!({"event": "monitoring", "status": m.monitoring}));
+                // Also woken when a new controller leaves the status as
+                // it was.
+                Some(m) => {
+                    let now = (m.monitoring, node.controller());
+                    if now != last {
+                        last = now;
+                        print(&monitoring_line(now.0, now.1));
+                    }
                 }
-                Some(_) => {}
                 None => return,
             },
         }
