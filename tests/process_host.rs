@@ -126,7 +126,11 @@ async fn children_are_supervised_processes() {
     let invite: Invite = contact.invite.parse().unwrap();
     assert!(invite.code.is_some());
     let (child_peer, reply) = cp.connect_invite(&invite).await.unwrap();
-    assert!(reply.is_some());
+    assert_eq!(
+        reply.expect("bound").manifest.description,
+        "does work",
+        "the bio is the child's description"
+    );
     assert_eq!(
         child_peer.request(AgentEcho, "hi".into()).await.unwrap(),
         "worker: hi"

@@ -451,18 +451,25 @@ impl CoreState {
                 tracing::warn!(cid = %cid, detail = %detail, "child exited");
                 m.status = status_str(ChildStatus::Exited).to_owned();
             }
-            HostEvent::Monitoring { status, .. } => {
+            HostEvent::Monitoring {
+                status,
+                controller: bound_to,
+                ..
+            } => {
                 // `on` and `pending` mean "watched by this node's control
-                // plane" only while the bind was opened for it; a child
-                // still bound to a former one is `off` here (and is being
-                // released from it).
-                let controller = self.control.binding().controller().copied();
-                let for_ours = m.watcher.is_some() && m.watcher == controller;
-                let status = if for_ours {
-                    status
-                } else {
-                    MonitoringStatus::Off
+                // plane" only for a bind the parent opened for it (and `on`
+                // only when the child is bound to it); a child still bound
+                // to a former one is `off` here, and is released from it.
+                let ours = self.control.binding().controller().copied();
+                let arranged = m.watcher.is_some() && m.watcher == ours;
+                let status = match status {
+                    MonitoringStatus::On if arranged && bound_to == ours => MonitoringStatus::On,
+                    MonitoringStatus::Pending if arranged => MonitoringStatus::Pending,
+                    _ => MonitoringStatus::Off,
                 };
+                if bound_to.is_some() && bound_to != ours && bound_to == m.watcher {
+                    self.release_wanted.notify_one();
+                }
                 m.monitoring = monitoring_str(status).to_owned();
             }
         }

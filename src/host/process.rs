@@ -243,7 +243,8 @@ struct Launched {
 
 impl ProcessHost {
     /// Children run `program node --state=BASE/CID --name=NAME
-    /// --supervised --listen=ADDR.. ARGS..` (see [`args`](Self::args));
+    /// --supervised [--description=BIO] --listen=ADDR.. ARGS..` (see
+    /// [`args`](Self::args));
     /// `program` is a `capwire` executable.
     pub fn new(program: impl Into<PathBuf>, base: impl Into<PathBuf>) -> Self {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
@@ -292,6 +293,9 @@ impl ProcessHost {
             .arg(flag("--state", dir.as_os_str()))
             .arg(flag("--name", spec.name.as_ref()))
             .arg("--supervised");
+        if !spec.bio.is_empty() {
+            cmd.arg(flag("--description", spec.bio.as_ref()));
+        }
         if addrs.is_empty() {
             cmd.arg("--listen=tcp://127.0.0.1:0");
         }

@@ -52,6 +52,9 @@ pub(crate) struct NodeArgs {
     /// The application id in the node's manifest.
     #[arg(long, default_value = "capwire.node")]
     app: String,
+    /// The node's description in its manifest (a child's bio).
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    description: String,
     /// Do not open a bind while unbound (by default an unbound node opens
     /// one at start and prints its invite, and again when its control
     /// plane lets it go; an expired code needs a restart).
@@ -80,11 +83,15 @@ pub(crate) fn agent_builder(app: &str, name: &str) -> capwire::NodeBuilder {
 }
 
 fn print(v: &Value) {
-    println!("{v}");
+    use std::io::Write;
+    // A reader that went away (a parent that closed the pipe) is not a
+    // reason to panic: a supervised node stops when its input closes.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}").and_then(|()| out.flush());
 }
 
 pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
-    let mut builder = agent_builder(&args.app, &args.name);
+    let mut builder = agent_builder(&args.app, &args.name).description(args.description.clone());
     if let Some(path) = &args.key {
         let key = capwire::identity::read_key_file(path)
             .map_err(|e| Failure::failed(format!("cannot use the key: {e}")))?;
