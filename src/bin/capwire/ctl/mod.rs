@@ -30,9 +30,18 @@ use tokio::task::JoinHandle;
 use crate::exit::{EXIT_CODES, Failure};
 pub(crate) use exec::Ctx;
 
+/// How a node is named, then the exit codes, below `capwire ctl --help`.
+fn after_help() -> String {
+    format!(
+        "A node (PEER) is a name from `ctl peers`, a key or an invite, given as --peer PEER\n\
+         anywhere after the command's name; call, manifest, status, disable and forget\n\
+         also take it as their first argument (`ctl call PEER CAP VERB`).\n\n{EXIT_CODES}"
+    )
+}
+
 /// Arguments of `capwire ctl`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXIT_CODES)]
+#[command(after_help = after_help())]
 pub(crate) struct CtlArgs {
     /// The control plane's state directory: its identity and the nodes it
     /// bound. Default: $CAPWIRE_CTL_STATE, else ~/.capwire/ctl.
@@ -46,7 +55,8 @@ pub(crate) struct CtlArgs {
     /// Print one JSON object a line instead of text for people.
     #[arg(long, global = true)]
     json: bool,
-    /// How long to wait for a node to answer (e.g. 500ms, 10s, 2m).
+    /// How long to wait for a node to answer (e.g. 500ms, 1.5s, 2m, "1h 30m";
+    /// a bare number is seconds).
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, global = true, allow_hyphen_values = true)]
     timeout: Duration,
     #[command(subcommand)]
