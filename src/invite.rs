@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use capwire_envelope::NodeId;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode, percent_encode};
 
 use crate::addr::Addr;
 
@@ -85,6 +86,17 @@ pub enum InviteParseError {
     Code,
 }
 
+/// The bytes of a Unix socket path that stand for themselves in an
+/// invite (WIRE.md 3.4): `A-Z a-z 0-9 - . _ ~ /`; every other byte is
+/// percent-encoded.
+const PATH_ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// Whether `b` stands for itself in an invite's path.
 fn keep(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/')
 }
@@ -93,15 +105,10 @@ fn write_addr(f: &mut fmt::Formatter<'_>, addr: &Addr) -> fmt::Result {
     match addr {
         Addr::Tcp(sa) => write!(f, "{sa}"),
         Addr::Unix(path) => {
-            f.write_str("unix:")?;
-            for &b in path.as_os_str().as_encoded_bytes() {
-                if keep(b) {
-                    write!(f, "{}", char::from(b))?;
-                } else {
-                    write!(f, "%{b:02X}")?;
-                }
-            }
-            Ok(())
+            // percent-encoding writes its `%XX` in upper case, as the
+            // invite's writer must.
+            let bytes = path.as_os_str().as_encoded_bytes();
+            write!(f, "unix:{}", percent_encode(bytes, PATH_ESCAPED))
         }
     }
 }
@@ -122,34 +129,26 @@ impl fmt::Display for Invite {
     }
 }
 
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
 fn parse_unix(text: &str) -> Option<PathBuf> {
+    // percent-encoding decodes leniently (a raw byte outside the set, or
+    // a `%` without two hex digits, passes through as it is); the invite's
+    // rules refuse both, so the text is checked first.
     let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
             b'%' => {
-                let hi = hex(*bytes.get(i + 1)?)?;
-                let lo = hex(*bytes.get(i + 2)?)?;
-                out.push(hi << 4 | lo);
+                let digits = bytes.get(i + 1..i + 3)?;
+                if !digits.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
                 i += 3;
             }
-            b if keep(b) => {
-                out.push(b);
-                i += 1;
-            }
+            b if keep(b) => i += 1,
             _ => return None,
         }
     }
+    let out: Vec<u8> = percent_decode(bytes).collect();
     if out.is_empty() {
         return None;
     }
@@ -239,6 +238,44 @@ mod tests {
             code: None,
         };
         assert_eq!(bare.to_string().parse::<Invite>().unwrap(), bare);
+    }
+
+    #[test]
+    fn the_reader_keeps_the_bytes_the_writer_keeps() {
+        for b in 0..=255u8 {
+            let written = percent_encode(&[b], PATH_ESCAPED).to_string();
+            assert_eq!(
+                written == char::from(b).to_string(),
+                keep(b),
+                "byte {b:#04x}"
+            );
+            if !keep(b) {
+                assert_eq!(written, format!("%{b:02X}"), "upper case");
+            }
+        }
+    }
+
+    #[test]
+    fn paths_follow_the_escaping_rules() {
+        let parse = |path: &str| format!("capwire://{}@unix:{path}", id()).parse::<Invite>();
+        let path = |invite: Invite| match &invite.addrs[..] {
+            [Addr::Unix(p)] => p.clone(),
+            other => panic!("one unix address expected: {other:?}"),
+        };
+        assert_eq!(path(parse("/a%2cb%2C").unwrap()), PathBuf::from("/a,b,"));
+        assert_eq!(path(parse("/%C3%A9").unwrap()), PathBuf::from("/\u{e9}"));
+        let invite = Invite {
+            node_id: id(),
+            addrs: vec![Addr::Unix(PathBuf::from("/x y\u{e9}:%"))],
+            code: None,
+        };
+        assert!(
+            invite.to_string().ends_with("@unix:/x%20y%C3%A9%3A%25"),
+            "{invite}"
+        );
+        for bad in ["/a b", "/a:b", "/%", "/%2", "/%2g", "/%%41", "", "/\u{e9}"] {
+            assert!(parse(bad).is_err(), "{bad:?} is refused");
+        }
     }
 
     #[test]

@@ -176,19 +176,8 @@ fn hex_decode(value: &Json) -> Result<Vec<u8>, JsonMapError> {
     if text.len() % 2 != 0 {
         return Err(form("$bytes needs an even number of hex digits"));
     }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
-    text.as_bytes()
-        .chunks_exact(2)
-        .map(|pair| match (digit(pair[0]), digit(pair[1])) {
-            (Some(high), Some(low)) => Ok(high << 4 | low),
-            _ => Err(form(format!("$bytes: {text:?} is not hex"))),
-        })
-        .collect()
+    // Either case is read; lower case is written.
+    base16ct::mixed::decode_vec(text).map_err(|_| form(format!("$bytes: {text:?} is not hex")))
 }
 
 fn big_int(value: &Json) -> Result<Integer, JsonMapError> {
@@ -291,13 +280,7 @@ fn one(key: &str, value: Json) -> Json {
 }
 
 fn hex_encode(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0x0f)]));
-    }
-    out
+    base16ct::lower::encode_string(bytes)
 }
 
 #[cfg(test)]

@@ -368,6 +368,122 @@ fn cluster_and_config() {
     assert_eq!(set["kind"], "config_set");
     assert_eq!(set["value"]["version"], 2);
     assert_eq!(ctl_ok(&cp, &["config", "get"]).stdout, "version 2: [1,2]\n");
+
+    // --peer names the node in every command, before or after a
+    // subcommand; the commands that need a node also take it first.
+    let set = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "config",
+            "set",
+            "--peer",
+            "alpha",
+            "[3]",
+            "--if-version",
+            "2",
+        ],
+    )
+    .record();
+    assert_eq!(set["value"]["version"], 3);
+    let text = ctl_ok(&cp, &["config", "get", "--peer", "alpha"]).stdout;
+    assert_eq!(text, "version 3: [3]\n");
+    let roster = ctl_ok(&cp, &["--json", "cluster", "list", "--peer", "alpha"]).record();
+    assert_eq!(roster["peer"], "alpha");
+    let roster = ctl_ok(&cp, &["--json", "cluster", "--peer", "alpha", "list"]).record();
+    assert_eq!(member_names(&roster), ["bob"]);
+    let text = ctl_ok(
+        &cp,
+        &["cluster", "set-bio", "bob", "renamed", "--peer", "alpha"],
+    )
+    .stdout;
+    assert!(text.contains("bob"), "{text}");
+    let text = ctl_ok(&cp, &["status", "--peer", "bob"]).stdout;
+    assert!(text.starts_with("bob: monitoring on; "), "{text}");
+    let manifest = ctl_ok(&cp, &["--json", "manifest", "--peer", "alpha"]).record();
+    assert_eq!(manifest["name"], "alpha");
+    let out = ctl_ok(
+        &cp,
+        &[
+            "call",
+            "--peer",
+            "bob",
+            "app.agent",
+            "echo",
+            "--args",
+            "\"opt\"",
+        ],
+    );
+    assert_eq!(out.stdout, "bob: opt\n");
+    let out = ctl_ok(
+        &cp,
+        &[
+            "call",
+            "app.agent",
+            "echo",
+            "--args",
+            "\"x\"",
+            "--peer",
+            "alpha",
+        ],
+    );
+    assert_eq!(out.stdout, "alpha: x\n");
+    // Named twice, or not at all: bad usage.
+    let out = ctl(
+        &cp,
+        &["call", "alpha", "app.agent", "echo", "--peer", "bob"],
+    );
+    assert_fails(&out, 2, "named twice");
+    let out = ctl(&cp, &["call", "app.agent", "echo"]);
+    assert_fails(&out, 2, "say which node");
+    for args in [
+        &["status"][..],
+        &["manifest"],
+        &["status", "alpha", "--peer", "bob"],
+    ] {
+        let out = ctl(&cp, args);
+        assert_eq!(out.code, 2, "{args:?}: {out:#?}");
+        assert!(out.stdout.is_empty(), "{out:#?}");
+    }
+}
+
+#[test]
+fn help_shows_how_to_name_a_node_and_where_an_invite_comes_from() {
+    let out = run(&["ctl", "bind", "--help"]);
+    assert_ok(&out);
+    assert!(
+        !out.stdout.contains("--invite"),
+        "capwire node has no --invite: {}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("the `invite` line `capwire node` prints"),
+        "{}",
+        out.stdout
+    );
+    for command in [
+        &["call"][..],
+        &["status"],
+        &["manifest"],
+        &["disable"],
+        &["forget"],
+        &["config"],
+        &["config", "set"],
+        &["cluster"],
+        &["cluster", "create"],
+    ] {
+        let mut args = vec!["ctl"];
+        args.extend_from_slice(command);
+        args.push("--help");
+        let out = run(&args);
+        assert_ok(&out);
+        assert!(
+            out.stdout.contains("--peer <PEER>"),
+            "{command:?}: {}",
+            out.stdout
+        );
+    }
 }
 
 #[test]
@@ -827,6 +943,9 @@ fn bad_input_fails_with_one_clear_line() {
     }
     let out = ctl(&cp, &["--timeout", "5x", "peers"]);
     assert_fails(&out, 2, "unknown unit");
+    for good in ["1.5s", "7", "1m 30s", "2500ms"] {
+        ctl_ok(&cp, &["--timeout", good, "peers"]);
+    }
     // Bad usage.
     let out = ctl(&cp, &["call", "alpha"]);
     assert_eq!(out.code, 2, "{out:#?}");

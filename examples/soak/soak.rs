@@ -279,7 +279,9 @@ impl Slot {
 
     /// Starts its process; the lines it prints come on the receiver.
     fn spawn(&mut self, bin: &Path) -> Result<mpsc::UnboundedReceiver<String>, String> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&self.dir)
+            .map_err(|e| format!("{}: {e}", self.dir.display()))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -1,20 +1,24 @@
 //! The state directory: its permissions, its lock, the identity key.
 //!
-//! A state directory holds `state.redb` (the [`RedbStore`], whose lock
+//! A state directory is its user's alone: it must belong to the effective
+//! user of the process and let nobody else in (no group or other bits,
+//! so mode 0700), which is checked on every open, not only when it is
+//! created; a directory that fails is refused with the command that fixes
+//! it. It holds `state.redb` (the [`RedbStore`], whose lock
 //! keeps every other node out while it is open) and `identity.key` (the
 //! node's secret key: `capwire-identity-v1\n`, 64 lowercase hex digits,
 //! `\n`; mode 0600). The store records the node id the key belongs to, so
 //! a key and a store that do not belong together are refused, and a store
 //! whose key is lost is never given a new identity.
 
-use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
-use std::hint::black_box;
+use std::fs::{self, DirBuilder, File, Metadata, OpenOptions, Permissions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
 use capwire_transport::Keypair;
+use zeroize::Zeroize;
 
 use super::StoreError;
 use super::redb::{RedbStore, io_error};
@@ -23,12 +27,14 @@ use super::redb::{RedbStore, io_error};
 pub(crate) const STORE_FILE: &str = "state.redb";
 /// The identity key's file in the state directory.
 pub(crate) const KEY_FILE: &str = "identity.key";
-/// Where a new key file is written before it is renamed into place.
-const KEY_TEMP: &str = ".identity.key.new";
+/// A new key file is written as `.identity.key.XXXXXX.new` (a fresh
+/// random name each time) before it is renamed into place.
+const KEY_TEMP_PREFIX: &str = ".identity.key.";
+/// The end of every temporary file name in the state directory.
+const TEMP_SUFFIX: &str = ".new";
 const KEY_HEADER: &[u8] = b"capwire-identity-v1\n";
 /// The whole key file: header, 64 hex digits, newline.
 const KEY_TEXT_LEN: usize = KEY_HEADER.len() + 64 + 1;
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// An open state directory: its store (locked for as long as this value
 /// or a clone of [`StateDir::store`] lives) and the node's identity.
@@ -47,7 +53,8 @@ impl StateDir {
     /// holds, and `keypair`, when given, must be that key.
     ///
     /// # Errors
-    /// [`StoreError::NotADirectory`], [`StoreError::Permission`],
+    /// [`StoreError::NotADirectory`], [`StoreError::NotPrivate`] (another
+    /// user owns it, or its mode lets others in), [`StoreError::Permission`],
     /// [`StoreError::Locked`] (another node has it open), the store's
     /// errors, [`StoreError::Identity`] (key and store do not belong
     /// together, the key is missing while the store exists, `keypair` is
@@ -119,11 +126,13 @@ impl StateDir {
     }
 }
 
-/// Makes sure `path` is a directory we can use, creating it when missing.
+/// Makes sure `path` is a directory we can use, and ours alone, creating
+/// it when missing.
 fn prepare_dir(path: &Path) -> Result<(), StoreError> {
     let not_a_directory = || StoreError::NotADirectory(path.to_path_buf());
     match fs::metadata(path) {
         Ok(meta) if meta.is_dir() => {
+            check_private(path, &meta)?;
             // Listing it proves it can be read; writing is proven by the
             // store and key files, whose errors say Permission too.
             fs::read_dir(path).map_err(|e| io_error(path, e))?;
@@ -143,6 +152,9 @@ fn prepare_dir(path: &Path) -> Result<(), StoreError> {
             // Whatever the umask left, the directory is ours alone.
             fs::set_permissions(path, Permissions::from_mode(0o700))
                 .map_err(|e| io_error(path, e))?;
+            // A directory someone else made meanwhile is not ours.
+            let meta = fs::metadata(path).map_err(|e| io_error(path, e))?;
+            check_private(path, &meta)?;
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 sync_dir(parent)?;
             }
@@ -150,6 +162,35 @@ fn prepare_dir(path: &Path) -> Result<(), StoreError> {
         }
         Err(e) => Err(io_error(path, e)),
     }
+}
+
+/// Refuses a state directory that is not this user's alone: another
+/// user's, or one whose mode lets group or others in (they could read the
+/// key, change the store, or use a control plane's socket).
+fn check_private(path: &Path, meta: &Metadata) -> Result<(), StoreError> {
+    let not_private = |detail: String| StoreError::NotPrivate {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(not_private(format!(
+            "it belongs to uid {}, and this process runs as uid {me}; run it as the \
+             directory's owner, or, if the directory is meant to be this user's, give it to \
+             this user with `chown -R {me} {}`",
+            meta.uid(),
+            path.display()
+        )));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(not_private(format!(
+            "its mode {mode:03o} lets other users in, and it holds the node's secret key; \
+             run `chmod 700 {}`",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Reads `dir`'s key file; `None` when there is none.
@@ -194,8 +235,7 @@ pub(crate) fn read_key_at(path: &Path) -> Result<Option<Keypair>, StoreError> {
         .and_then(|n| {
             parse_key(&text[..n]).ok_or_else(|| corrupt("not a capwire-identity-v1 key"))
         });
-    text.fill(0);
-    black_box(&mut text);
+    text.zeroize();
     result.map(Some)
 }
 
@@ -214,38 +254,26 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// The key in a key file's text, or `None` when the text is not exactly
-/// a key file.
+/// a key file (lowercase hex only, as the format says).
 fn parse_key(text: &[u8]) -> Option<Keypair> {
     let hex = text.strip_prefix(KEY_HEADER)?.strip_suffix(b"\n")?;
     if hex.len() != 64 {
         return None;
     }
     let mut secret = [0u8; 32];
-    let mut valid = true;
-    for (byte, pair) in secret.iter_mut().zip(hex.chunks_exact(2)) {
-        match (nibble(pair[0]), nibble(pair[1])) {
-            (Some(high), Some(low)) => *byte = high << 4 | low,
-            _ => valid = false,
-        }
-    }
+    // base16ct decodes without branching on the digits: the secret does
+    // not leak through timing.
+    let valid = base16ct::lower::decode(hex, &mut secret).is_ok_and(|s| s.len() == 32);
     let keypair = valid.then(|| Keypair::from_secret_bytes(secret));
-    secret.fill(0);
-    black_box(&mut secret);
+    secret.zeroize();
     keypair
 }
 
-fn nibble(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    }
-}
-
 /// Writes `keypair` as `dir`'s key file, atomically: a complete file
-/// (mode 0600, synced) is renamed into place, and the directory synced.
+/// (mode 0600, synced) is renamed into place, never over a key file that
+/// exists, and the directory synced.
 fn write_key_file(dir: &Path, keypair: &Keypair) -> Result<(), StoreError> {
-    with_key_text(keypair, |text| write_atomically(dir, text))
+    with_key_text(keypair, |text| write_atomically(dir, KEY_FILE, text))
 }
 
 /// Writes a new key file at `path` (mode 0600), never replacing a file
@@ -283,46 +311,62 @@ fn with_key_text(
     let mut text = [0u8; KEY_TEXT_LEN];
     let (header, rest) = text.split_at_mut(KEY_HEADER.len());
     header.copy_from_slice(KEY_HEADER);
-    for (pair, byte) in rest.chunks_exact_mut(2).zip(secret.iter()) {
-        pair[0] = HEX[usize::from(byte >> 4)];
-        pair[1] = HEX[usize::from(byte & 0x0f)];
-    }
-    text[KEY_TEXT_LEN - 1] = b'\n';
-    let result = write(&text);
-    text.fill(0);
-    black_box(&mut text);
+    let result = match base16ct::lower::encode(&secret[..], &mut rest[..64]) {
+        Ok(_) => {
+            text[KEY_TEXT_LEN - 1] = b'\n';
+            write(&text)
+        }
+        // 32 bytes always fit in 64 digits.
+        Err(_) => Err(StoreError::Write("cannot encode the key".into())),
+    };
+    text.zeroize();
     result
 }
 
-fn write_atomically(dir: &Path, text: &[u8]) -> Result<(), StoreError> {
-    let temp = dir.join(KEY_TEMP);
-    let target = dir.join(KEY_FILE);
-    // A leftover of an open that crashed while writing: the store's lock
-    // is ours, so nobody else is writing it, and it never became the key.
-    match fs::remove_file(&temp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_error(&temp, e)),
-    }
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&temp)
+/// Writes `text` as the new file `dir/name`: a temporary file in `dir`
+/// (mode 0600, a fresh name) is written and synced, renamed to `name`
+/// unless that exists, and then the directory is synced, so that the
+/// rename itself survives a power cut.
+fn write_atomically(dir: &Path, name: &str, text: &[u8]) -> Result<(), StoreError> {
+    let target = dir.join(name);
+    // Leftovers of an open that crashed while writing: the store's lock
+    // is ours, so nobody else is writing them, and none became the key.
+    remove_leftovers(dir, KEY_TEMP_PREFIX);
+    let mut file = tempfile::Builder::new()
+        .prefix(KEY_TEMP_PREFIX)
+        .suffix(TEMP_SUFFIX)
+        .permissions(Permissions::from_mode(0o600))
+        .tempfile_in(dir)
+        .map_err(|e| io_error(dir, e))?;
+    let temp = file.path().to_path_buf();
+    file.write_all(text)
+        .and_then(|()| file.as_file().sync_all())
         .map_err(|e| io_error(&temp, e))?;
-    let written = file
-        .write_all(text)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| io_error(&temp, e));
-    drop(file);
-    let renamed =
-        written.and_then(|()| fs::rename(&temp, &target).map_err(|e| io_error(&target, e)));
-    if renamed.is_err() {
-        // Best effort: the temporary file holds the secret.
-        let _ = fs::remove_file(&temp);
-    }
-    renamed?;
+    // On failure the temporary file is removed as it drops (it holds the
+    // secret).
+    file.persist_noclobber(&target)
+        .map_err(|e| io_error(&target, e.error))?;
     sync_dir(dir)
+}
+
+/// Removes the files in `dir` named `PREFIX...new`, as far as it can (a
+/// leftover that stays breaks nothing: every write takes a new name).
+fn remove_leftovers(dir: &Path, prefix: &str) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        // Only files: none of ours is anything else.
+        if entry.file_type().is_ok_and(|t| t.is_file())
+            && name.len() > prefix.len()
+            && name.starts_with(prefix)
+            && name.ends_with(TEMP_SUFFIX)
+        {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {

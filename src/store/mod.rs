@@ -84,6 +84,16 @@ pub enum StoreError {
     /// The state path exists and is not a directory.
     #[error("state path {0} is not a directory")]
     NotADirectory(PathBuf),
+    /// The state directory is not this user's alone: another user owns
+    /// it, or its mode lets group or others in. The message names the
+    /// fix (`chmod 700 DIR`, or the owner to run as).
+    #[error("state directory {path} is not private: {detail}")]
+    NotPrivate {
+        /// The state directory.
+        path: PathBuf,
+        /// What is wrong, and the command that fixes it.
+        detail: String,
+    },
     /// The state directory or a file in it cannot be read or written.
     #[error("state directory {path}: permission denied: {source}")]
     Permission {

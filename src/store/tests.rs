@@ -370,6 +370,7 @@ fn a_regular_file_is_not_a_directory() {
 fn a_store_of_random_bytes_is_corrupt_and_left_alone() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).expect("a private state dir");
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let bytes: Vec<u8> = (0..64 * 1024)
         .map(|_| {
@@ -407,6 +408,7 @@ fn a_truncated_store_is_corrupt_and_left_alone() {
 fn another_redb_database_is_foreign_and_left_alone() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).expect("a private state dir");
     let path = dir.join(STORE_FILE);
     {
         let other: TableDefinition<'_, u64, u64> = TableDefinition::new("other");
@@ -604,6 +606,7 @@ fn a_new_store_keeps_an_existing_key_file() {
     // As after a crash between writing the key file and recording it.
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).expect("a private state dir");
     let key = Keypair::generate().expect("keypair");
     write_key(dir, &key);
     let err = StateDir::open(dir, Some(Keypair::generate().expect("keypair")))

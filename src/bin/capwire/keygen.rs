@@ -27,12 +27,11 @@ pub(crate) fn run(args: &KeygenArgs) -> Result<(), Failure> {
         }
         None => {
             let secret = key.secret_bytes();
-            let mut hex = zeroize::Zeroizing::new(String::with_capacity(64));
-            for b in secret.iter() {
-                hex.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
-                hex.push(char::from(b"0123456789abcdef"[usize::from(b & 0x0f)]));
-            }
-            println!("capwire-identity-v1\n{}", hex.as_str());
+            // The hex digits live in a buffer that is wiped when it drops.
+            let mut digits = zeroize::Zeroizing::new([0u8; 64]);
+            let hex = base16ct::lower::encode_str(&secret[..], &mut digits[..])
+                .map_err(|e| Failure::failed(format!("cannot encode the key: {e}")))?;
+            println!("capwire-identity-v1\n{hex}");
             eprintln!("node id: {}", key.public());
         }
     }

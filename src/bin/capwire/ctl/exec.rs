@@ -21,7 +21,7 @@ use serde_json::{Value as Json, json};
 use tokio::sync::{broadcast, mpsc};
 
 use super::book::{Book, Entry, short};
-use super::{ClusterOp, ConfigOp, CtlCommand, OnOff};
+use super::{ClusterOp, ConfigOp, CtlCommand, OnOff, call_target};
 use crate::exit::{Failure, TIMEOUT, UNREACHABLE};
 
 /// Why the control plane's node did not open.
@@ -205,8 +205,8 @@ impl Ctx {
                 )
                 .await
             }
-            CtlCommand::Forget { peer } => {
-                let entry = self.book().resolve(&peer)?;
+            CtlCommand::Forget { node } => {
+                let entry = self.book().resolve(node.get()?)?;
                 let removed = self.book().remove(entry.node_id)?;
                 let message = if removed {
                     format!("forgot {}", entry.name)
@@ -216,12 +216,12 @@ impl Ctx {
                 emit(out, json!({"kind": "done", "message": message})).await
             }
             CtlCommand::Call {
+                target,
                 peer,
-                cap,
-                verb,
                 args,
                 notify,
             } => {
+                let (peer, cap, verb) = call_target(peer.as_deref(), &target)?;
                 // Bad input is a usage error whether or not the node is up.
                 let args: Json = match args {
                     Some(text) => serde_json::from_str(&text)
@@ -253,16 +253,16 @@ impl Ctx {
                     .await?;
                 emit(out, json!({"kind": "result", "value": value})).await
             }
-            CtlCommand::Manifest { peer } => {
-                let entry = self.book().resolve(&peer)?;
+            CtlCommand::Manifest { node } => {
+                let entry = self.book().resolve(node.get()?)?;
                 let session = self.reach(&entry, timeout).await?;
                 let manifest = session.manifest().ok_or_else(|| {
                     Failure::new(UNREACHABLE, format!("{}: the session ended", entry.name))
                 })?;
                 emit(out, manifest_json(&manifest)).await
             }
-            CtlCommand::Status { peer } => {
-                let entry = self.book().resolve(&peer)?;
+            CtlCommand::Status { node } => {
+                let entry = self.book().resolve(node.get()?)?;
                 let session = self.reach(&entry, timeout).await?;
                 let reply = self
                     .call(
@@ -276,8 +276,8 @@ impl Ctx {
                     .await?;
                 emit(out, tagged("status", &entry.name, reply)).await
             }
-            CtlCommand::Disable { peer } => {
-                let entry = self.book().resolve(&peer)?;
+            CtlCommand::Disable { node } => {
+                let entry = self.book().resolve(node.get()?)?;
                 let session = self.reach(&entry, timeout).await?;
                 self.call(
                     &session,

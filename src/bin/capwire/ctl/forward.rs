@@ -7,21 +7,33 @@
 //! it stops, ends the watches handed to it and lets the other commands
 //! finish first.
 //!
-//! The socket lives in the state directory, which only its owner can
-//! enter (mode 0700), so only the owner's processes can use it. Requests
-//! are bounded (64 KiB, 5 s to arrive, 32 connections and 8 commands at
+//! Only the owner of the state directory may use the socket, and three
+//! things each make sure of it: the directory is refused unless it is
+//! that user's alone (mode 0700, checked on every open); the socket is
+//! made mode 0600 whatever the umask (it is bound inside that directory,
+//! so nobody else can reach it before); and every connection whose peer
+//! credentials (`SO_PEERCRED`) name another uid is answered with a
+//! refusal and closed before a byte of it is read. Lines are bounded on
+//! both sides while they are read: a request over 64 KiB, or a record
+//! line from the owner over 64 MiB (four times the largest record a node
+//! sends), ends the connection with a clear error. Requests are bounded
+//! in time and number too (5 s to arrive, 32 connections and 8 commands at
 //! once).
 
+use std::fs::Permissions;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use serde_json::{Value as Json, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::unix::OwnedWriteHalf;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -29,7 +41,11 @@ use super::{CtlCommand, Ctx, Request};
 use crate::exit::{Failure, LOCAL, USAGE};
 
 const SOCKET: &str = "ctl.sock";
-const MAX_REQUEST: u64 = 64 * 1024;
+/// The longest request line, without its newline.
+const MAX_REQUEST: usize = 64 * 1024;
+/// The longest line from the owner, without its newline: a record holds
+/// a result of up to 16 MiB of CBOR, as JSON.
+const MAX_RECORD_LINE: usize = 64 * 1024 * 1024;
 const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 /// Commands handed over and running at once.
 const MAX_COMMANDS: usize = 8;
@@ -38,6 +54,8 @@ const MAX_COMMANDS: usize = 8;
 const MAX_CONNECTIONS: usize = 32;
 /// How long a `ctl` waits for the owner's socket to appear.
 const FIND_OWNER: Duration = Duration::from_secs(3);
+/// How long a refused connection is drained before it is closed.
+const LINGER: Duration = Duration::from_secs(1);
 /// The pause after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -69,6 +87,18 @@ pub(crate) fn serve(ctx: Arc<Ctx>) -> Option<Server> {
             return None;
         }
     };
+    // Bound inside the owner's own directory (checked when the state was
+    // opened), so nobody else reached it while it had the umask's mode.
+    if let Err(e) = std::fs::set_permissions(&path, Permissions::from_mode(0o600)) {
+        tracing::warn!(
+            "cannot serve other ctl processes at {}: cannot make it private: {e}",
+            path.display()
+        );
+        drop(listener);
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
+    let owner = rustix::process::geteuid().as_raw();
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let commands = Arc::new(Semaphore::new(MAX_COMMANDS));
     let running = TaskTracker::new();
@@ -88,7 +118,19 @@ pub(crate) fn serve(ctx: Arc<Ctx>) -> Option<Server> {
                         continue;
                     }
                 };
-                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                let permit = Arc::clone(&connections).try_acquire_owned();
+                if let Err(refusal) = check_peer(&stream, owner) {
+                    tracing::warn!("ctl.sock: {refusal}");
+                    if let Ok(permit) = permit {
+                        running.spawn(async move {
+                            let (read, write) = stream.into_split();
+                            end_with(read, write, &end_line(LOCAL, &refusal)).await;
+                            drop(permit);
+                        });
+                    }
+                    continue;
+                }
+                let Ok(permit) = permit else {
                     let _ = stream.try_write(busy().as_bytes());
                     continue;
                 };
@@ -126,6 +168,48 @@ impl Server {
     }
 }
 
+/// Refuses a connection from any user but `owner`: the message to send.
+fn check_peer(stream: &UnixStream, owner: u32) -> Result<(), String> {
+    match stream.peer_cred() {
+        Ok(cred) if cred.uid() == owner => Ok(()),
+        Ok(cred) => Err(format!(
+            "refused a connection from uid {}: only uid {owner}, the owner of the state \
+             directory, may use this control plane",
+            cred.uid()
+        )),
+        Err(e) => Err(format!(
+            "refused a connection whose peer credentials cannot be read: {e}"
+        )),
+    }
+}
+
+/// Ends a connection with `line`: it is sent, no more is, and what the
+/// other side still sends is read and dropped (up to [`MAX_REQUEST`]
+/// bytes), so that closing with its bytes unread does not reset the
+/// connection before it has read the line. [`LINGER`] at most.
+async fn end_with(mut read: OwnedReadHalf, mut write: OwnedWriteHalf, line: &str) {
+    let end = async {
+        write.write_all(line.as_bytes()).await?;
+        write.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut left = MAX_REQUEST;
+        while left > 0 {
+            match read.read(&mut sink).await? {
+                0 => break,
+                n => left = left.saturating_sub(n),
+            }
+        }
+        std::io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(LINGER, end).await;
+}
+
+/// The line that ends a command (or refuses one): an exit code and the
+/// message, with its newline.
+fn end_line(code: u8, message: &str) -> String {
+    format!("{}\n", json!({"exit": code, "error": message}))
+}
+
 struct RemoveOnDrop(PathBuf);
 
 impl Drop for RemoveOnDrop {
@@ -141,11 +225,21 @@ async fn write_line(write: &mut OwnedWriteHalf, msg: &Json) -> std::io::Result<(
 /// The answer when there are too many connections or commands (one line,
 /// with its newline).
 fn busy() -> String {
-    let msg = json!({"exit": LOCAL, "error": format!(
-        "the ctl process that owns the state directory is busy with {MAX_COMMANDS} \
-         commands; try again"
-    )});
-    format!("{msg}\n")
+    end_line(
+        LOCAL,
+        &format!(
+            "the ctl process that owns the state directory is busy with {MAX_COMMANDS} \
+             commands; try again"
+        ),
+    )
+}
+
+/// Why a line could not be read, for the other side.
+fn line_error(e: &LinesCodecError, max: usize) -> String {
+    match e {
+        LinesCodecError::MaxLineLengthExceeded => format!("a line longer than {max} bytes"),
+        LinesCodecError::Io(e) => e.to_string(),
+    }
 }
 
 async fn handle(
@@ -155,20 +249,19 @@ async fn handle(
     stop: &CancellationToken,
 ) {
     let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    let mut reader = BufReader::new(read.take(MAX_REQUEST));
-    let request = match tokio::time::timeout(REQUEST_DEADLINE, reader.read_line(&mut line)).await {
+    let mut lines = FramedRead::new(read, LinesCodec::new_with_max_length(MAX_REQUEST));
+    let request = match tokio::time::timeout(REQUEST_DEADLINE, lines.next()).await {
         // Connected and gone without a word: a ctl looking for the owner.
-        Ok(Ok(0)) => return,
-        Ok(Ok(_)) => serde_json::from_str::<Request>(&line).map_err(|e| e.to_string()),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(None) => return,
+        Ok(Some(Ok(line))) => serde_json::from_str::<Request>(&line).map_err(|e| e.to_string()),
+        Ok(Some(Err(e))) => Err(line_error(&e, MAX_REQUEST)),
         Err(_) => Err("no request in time".into()),
     };
     let request = match request {
         Ok(r) => r,
         Err(e) => {
-            let msg = json!({"exit": USAGE, "error": format!("bad request: {e}")});
-            let _ = write_line(&mut write, &msg).await;
+            let line = end_line(USAGE, &format!("bad request: {e}"));
+            end_with(lines.into_inner(), write, &line).await;
             return;
         }
     };
@@ -180,7 +273,6 @@ async fn handle(
     let long_running = matches!(request.command, CtlCommand::Watch);
     let (tx, mut rx) = mpsc::channel(256);
     let timeout = Duration::from_millis(request.timeout_ms);
-    let mut eof = [0u8; 1];
     let result = {
         let run = ctx.exec(request.command, timeout, &tx);
         tokio::pin!(run);
@@ -193,9 +285,9 @@ async fn handle(
                         return;
                     }
                 }
-                // The client sends nothing after its request: any read
-                // ending means it went away.
-                _ = reader.read(&mut eof) => return,
+                // The client sends nothing after its request: any line,
+                // error or end means it went away.
+                _ = lines.next() => return,
                 () = stop.cancelled(), if long_running => {
                     break Err(Failure::failed(
                         "the ctl process that owned the state directory stopped",
@@ -249,8 +341,25 @@ pub(crate) async fn send(
         .write_all(format!("{line}\n").as_bytes())
         .await
         .map_err(|_| in_use())?;
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    receive(read, out).await
+}
+
+/// Reads the owner's answer to a request: its records go to `out`, its
+/// last line is the outcome.
+async fn receive(read: OwnedReadHalf, out: &mpsc::Sender<Json>) -> Result<(), Failure> {
+    let mut lines = FramedRead::new(read, LinesCodec::new_with_max_length(MAX_RECORD_LINE));
+    loop {
+        let line = match lines.next().await {
+            Some(Ok(line)) => line,
+            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                return Err(Failure::failed(format!(
+                    "the ctl process that owns the state directory sent a line longer than \
+                     {MAX_RECORD_LINE} bytes; the command's outcome is unknown"
+                )));
+            }
+            // The connection ended.
+            Some(Err(LinesCodecError::Io(_))) | None => break,
+        };
         let Ok(mut msg) = serde_json::from_str::<Json>(&line) else {
             continue;
         };

@@ -30,9 +30,18 @@ use tokio::task::JoinHandle;
 use crate::exit::{EXIT_CODES, Failure};
 pub(crate) use exec::Ctx;
 
+/// How a node is named, then the exit codes, below `capwire ctl --help`.
+fn after_help() -> String {
+    format!(
+        "A node (PEER) is a name from `ctl peers`, a key or an invite, given as --peer PEER\n\
+         anywhere after the command's name; call, manifest, status, disable and forget\n\
+         also take it as their first argument (`ctl call PEER CAP VERB`).\n\n{EXIT_CODES}"
+    )
+}
+
 /// Arguments of `capwire ctl`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXIT_CODES)]
+#[command(after_help = after_help())]
 pub(crate) struct CtlArgs {
     /// The control plane's state directory: its identity and the nodes it
     /// bound. Default: $CAPWIRE_CTL_STATE, else ~/.capwire/ctl.
@@ -46,7 +55,8 @@ pub(crate) struct CtlArgs {
     /// Print one JSON object a line instead of text for people.
     #[arg(long, global = true)]
     json: bool,
-    /// How long to wait for a node to answer (e.g. 500ms, 10s, 2m).
+    /// How long to wait for a node to answer (e.g. 500ms, 1.5s, 2m, "1h 30m";
+    /// a bare number is seconds).
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, global = true, allow_hyphen_values = true)]
     timeout: Duration,
     #[command(subcommand)]
@@ -54,11 +64,18 @@ pub(crate) struct CtlArgs {
 }
 
 /// What `capwire ctl` does.
+///
+/// A node is named the same way in every command: `--peer PEER` (a name
+/// in the book, a key or an invite), anywhere after the command's name.
+/// The commands that cannot go without a node also take it as their first
+/// argument (`ctl call PEER CAP VERB`, `ctl status PEER`); `cluster` and
+/// `config` go to the one bound node that is nobody's child when none is
+/// named.
 #[derive(Debug, Clone, clap::Subcommand, Serialize, Deserialize)]
 pub(crate) enum CtlCommand {
-    /// Binds a node: connects with its invite (`capwire://ID@ADDR#CODE`, as
-    /// `capwire node --invite` prints it), proves the code, and remembers
-    /// the node under a name.
+    /// Binds a node: connects with its invite (`capwire://ID@ADDR#CODE`,
+    /// the `invite` line `capwire node` prints while the node is unbound),
+    /// proves the code, and remembers the node under a name.
     Bind {
         /// The node's invite.
         invite: String,
@@ -70,19 +87,24 @@ pub(crate) enum CtlCommand {
     Peers,
     /// Forgets a node (it stays bound until `disable`).
     Forget {
-        /// The node: a name, a key or an invite.
-        peer: String,
+        #[command(flatten)]
+        node: NodeArg,
     },
     /// Calls a verb of a node with JSON args (sent as CBOR; see
     /// `capwire ctl call --help` for the mapping) and prints the result.
-    #[command(after_help = JSON_MAPPING)]
+    #[command(
+        after_help = JSON_MAPPING,
+        override_usage = "capwire ctl call [OPTIONS] <PEER> <CAP> <VERB>\n       capwire ctl call [OPTIONS] --peer <PEER> <CAP> <VERB>"
+    )]
     Call {
+        /// PEER CAP VERB, or CAP VERB after --peer PEER: the node (a name,
+        /// a key or an invite), the capability, e.g. app.agent, and the
+        /// verb, e.g. echo.
+        #[arg(value_names = ["PEER", "CAP", "VERB"], num_args = 2..=3, required = true)]
+        target: Vec<String>,
         /// The node: a name, a key or an invite.
-        peer: String,
-        /// The capability, e.g. app.agent.
-        cap: String,
-        /// The verb, e.g. echo.
-        verb: String,
+        #[arg(long, value_name = "PEER")]
+        peer: Option<String>,
         /// The args as JSON (default: {}, what verbs without arguments take).
         #[arg(long, value_name = "JSON")]
         args: Option<String>,
@@ -92,32 +114,34 @@ pub(crate) enum CtlCommand {
     },
     /// Shows a node's manifest: its capabilities, verbs and their classes.
     Manifest {
-        /// The node: a name, a key or an invite.
-        peer: String,
+        #[command(flatten)]
+        node: NodeArg,
     },
     /// Shows a node's monitoring status and whether this is its controller.
     Status {
-        /// The node: a name, a key or an invite.
-        peer: String,
+        #[command(flatten)]
+        node: NodeArg,
     },
     /// Unbinds a node (`core.monitoring/disable`): this control plane
     /// gives up control of it.
     Disable {
-        /// The node: a name, a key or an invite.
-        peer: String,
+        #[command(flatten)]
+        node: NodeArg,
     },
     /// A node's cluster of child agents (`core.cluster`).
     Cluster {
-        /// The parent node (default: the one bound node that is nobody's child).
-        #[arg(long)]
+        /// The parent node: a name, a key or an invite (default: the one
+        /// bound node that is nobody's child).
+        #[arg(long, value_name = "PEER", global = true)]
         peer: Option<String>,
         #[command(subcommand)]
         op: ClusterOp,
     },
     /// A node's configuration (`core.configuration`).
     Config {
-        /// The node (default: the one bound node that is nobody's child).
-        #[arg(long)]
+        /// The node: a name, a key or an invite (default: the one bound
+        /// node that is nobody's child).
+        #[arg(long, value_name = "PEER", global = true)]
         peer: Option<String>,
         #[command(subcommand)]
         op: ConfigOp,
@@ -134,6 +158,82 @@ pub(crate) enum CtlCommand {
         #[arg(long, default_value_t = 12)]
         copies: usize,
     },
+}
+
+/// The node of a command that needs one: its first argument, or
+/// `--peer`.
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+pub(crate) struct NodeArg {
+    /// The node: a name, a key or an invite (or give it with --peer).
+    #[arg(
+        value_name = "PEER",
+        required_unless_present = "peer",
+        conflicts_with = "peer"
+    )]
+    node: Option<String>,
+    /// The node: a name, a key or an invite.
+    #[arg(long, value_name = "PEER")]
+    peer: Option<String>,
+}
+
+impl NodeArg {
+    /// The node named.
+    pub(crate) fn new(peer: impl Into<String>) -> NodeArg {
+        NodeArg {
+            node: Some(peer.into()),
+            peer: None,
+        }
+    }
+
+    /// The node, however it was given.
+    ///
+    /// # Errors
+    /// A usage failure when it is given twice or not at all (a command
+    /// handed over by another process is not checked by clap).
+    pub(crate) fn get(&self) -> Result<&str, Failure> {
+        match (&self.node, &self.peer) {
+            (Some(node), None) | (None, Some(node)) => Ok(node),
+            (Some(_), Some(_)) => Err(twice()),
+            (None, None) => Err(Failure::usage(
+                "say which node: PEER or --peer PEER (a name, a key or an invite)",
+            )),
+        }
+    }
+}
+
+fn twice() -> Failure {
+    Failure::usage("the node is named twice: give PEER or --peer PEER, not both")
+}
+
+/// What `ctl call` calls: the node, the capability and the verb.
+pub(crate) fn call_target(
+    peer: Option<&str>,
+    target: &[String],
+) -> Result<(String, String, String), Failure> {
+    match (peer, target) {
+        (Some(peer), [cap, verb]) => Ok((peer.to_owned(), cap.clone(), verb.clone())),
+        (None, [peer, cap, verb]) => Ok((peer.clone(), cap.clone(), verb.clone())),
+        (Some(_), [_, _, _]) => Err(twice()),
+        (None, [_, _]) => Err(Failure::usage(
+            "say which node: `capwire ctl call PEER CAP VERB`, or --peer PEER",
+        )),
+        _ => Err(Failure::usage("call takes PEER CAP VERB")),
+    }
+}
+
+impl CtlCommand {
+    /// Refuses a command whose arguments do not fit together, before any
+    /// state is opened.
+    fn check(&self) -> Result<(), Failure> {
+        match self {
+            CtlCommand::Call { target, peer, .. } => call_target(peer.as_deref(), target).map(drop),
+            CtlCommand::Forget { node }
+            | CtlCommand::Manifest { node }
+            | CtlCommand::Status { node }
+            | CtlCommand::Disable { node } => node.get().map(drop),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `capwire ctl cluster ...`. A child is named by its cid or its name.
@@ -328,6 +428,7 @@ async fn open(
 
 /// `capwire ctl ...`.
 pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
+    args.command.check()?;
     let dir = state_dir(&args)?;
     let serve = matches!(args.command, CtlCommand::Watch | CtlCommand::Top { .. });
     let (backend, server) = open(&dir, serve, args.timeout).await?;
@@ -373,25 +474,23 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
     result
 }
 
-/// Parses `500ms`, `10s`, `2m`, `1h` (a bare number is seconds); not 0.
+/// Parses a duration as humantime does (`500ms`, `10s`, `1.5s`, `2m`,
+/// `1h 30m`, ...), and a bare number as seconds; not 0.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (e.g. 500ms, 10s, 2m)"))?;
-    let seconds = match unit.trim() {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        other => return Err(format!("unknown unit {other:?} (ms, s, m, h)")),
+    let bare = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let parsed = if bare {
+        humantime::parse_duration(&format!("{text}s"))
+    } else {
+        humantime::parse_duration(text)
     };
-    let duration =
-        Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))?;
+    let duration = parsed.map_err(|e| match e {
+        humantime::DurationError::UnknownUnit { unit, .. } if !unit.is_empty() => {
+            format!("unknown unit {unit:?} in {text:?} (e.g. 500ms, 10s, 2m, 1h)")
+        }
+        humantime::DurationError::NumberOverflow => format!("{text:?} is out of range"),
+        _ => format!("{text:?} is not a duration (e.g. 500ms, 10s, 2m)"),
+    })?;
     if duration.is_zero() {
         return Err("a timeout of 0 lets nothing finish; give more (e.g. 500ms)".into());
     }
@@ -410,10 +509,14 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("0.25"), Ok(Duration::from_millis(250)));
         for bad in [
-            "", "s", "5x", "-1s", "1.2.3s", "nan", "inf", "1e400", "0", "0ms",
+            "", "s", "5x", "-1s", "1.2.3s", "nan", "inf", "1e400", "0", "0ms", "0.0", ".",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} is refused");
         }
+        assert!(parse_duration("5x").is_err_and(|e| e.contains("unknown unit")));
+        assert!(parse_duration("0").is_err_and(|e| e.contains("timeout of 0")));
     }
 }

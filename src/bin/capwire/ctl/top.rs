@@ -18,7 +18,7 @@ use serde_json::Value as Json;
 use tokio::io::AsyncBufReadExt;
 
 use super::render::{call_outcome, clock, copy_line};
-use super::{Backend, ClusterOp, CtlCommand};
+use super::{Backend, ClusterOp, CtlCommand, NodeArg};
 use crate::exit::Failure;
 
 #[derive(Default)]
@@ -272,7 +272,7 @@ async fn fetch(
 async fn learn_manifest(backend: &Backend, name: &str, timeout: Duration, view: &mut View) {
     let (mut rx, done) = backend.start(
         CtlCommand::Manifest {
-            peer: name.to_owned(),
+            node: NodeArg::new(name),
         },
         timeout,
     );
