@@ -195,7 +195,7 @@ fn client(prefix: &[String], socket: &Path) -> String {
 #[test]
 fn a_process_of_another_user_is_refused_by_the_socket() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("not root: no process of another user can be started here; skipped");
+        skip("not root: no process of another user can be started here");
         return;
     }
     let nobody = as_nobody().expect("setpriv and a python3 the user nobody can run");
@@ -341,6 +341,16 @@ fn the_book_is_replaced_whole_and_leftovers_break_nothing() {
     assert_eq!(fs::read(cp.join("peers.json")).unwrap(), b"{\"peers\": [");
 }
 
+/// Notes that a test cannot run here; with `CAPWIRE_REQUIRE_TOOLS=1` (CI
+/// sets it, and installs what these tests need) that is a failure.
+fn skip(why: &str) {
+    assert!(
+        std::env::var_os("CAPWIRE_REQUIRE_TOOLS").is_none_or(|v| v != "1"),
+        "{why}, and CAPWIRE_REQUIRE_TOOLS=1"
+    );
+    eprintln!("{why}; skipped");
+}
+
 /// Runs `capwire ARGS` under strace, one log per thread (`PREFIX.TID`)
 /// so that no call is split; the logs, or `None` when strace cannot run
 /// here.
@@ -423,7 +433,7 @@ fn the_book_and_the_key_are_synced_with_their_directory() {
         &["ctl", "--state", state, "bind", node.invite()],
         &traces.join("t"),
     ) else {
-        eprintln!("strace cannot run here; skipped");
+        skip("strace cannot run here");
         return;
     };
     assert_rename_then_dir_sync(&logs, &cp.join("identity.key"), &cp);
