@@ -169,6 +169,7 @@ mod control;
 mod core;
 mod dispatch;
 mod error;
+pub mod files;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -22,16 +22,14 @@ use zeroize::Zeroize;
 
 use super::StoreError;
 use super::redb::{RedbStore, io_error};
+use crate::files::{Replace, write_private};
 
 /// The store's file in the state directory.
 pub(crate) const STORE_FILE: &str = "state.redb";
 /// The identity key's file in the state directory.
 pub(crate) const KEY_FILE: &str = "identity.key";
-/// A new key file is written as `.identity.key.XXXXXX.new` (a fresh
-/// random name each time) before it is renamed into place.
-const KEY_TEMP_PREFIX: &str = ".identity.key.";
-/// The end of every temporary file name in the state directory.
-const TEMP_SUFFIX: &str = ".new";
+// A new key file is written as `.identity.key.XXXXXX.new` (a fresh random
+// name each time) before it is renamed into place (`crate::files`).
 const KEY_HEADER: &[u8] = b"capwire-identity-v1\n";
 /// The whole key file: header, 64 hex digits, newline.
 const KEY_TEXT_LEN: usize = KEY_HEADER.len() + 64 + 1;
@@ -323,54 +321,12 @@ fn with_key_text(
     result
 }
 
-/// Writes `text` as the new file `dir/name`: a temporary file in `dir`
-/// (mode 0600, a fresh name) is written and synced, renamed to `name`
-/// unless that exists, and then the directory is synced, so that the
-/// rename itself survives a power cut.
+/// Writes `text` as the new file `dir/name`, never replacing one that
+/// exists, atomically and durably ([`write_private`]).
 fn write_atomically(dir: &Path, name: &str, text: &[u8]) -> Result<(), StoreError> {
-    let target = dir.join(name);
-    // Leftovers of an open that crashed while writing: the store's lock
-    // is ours, so nobody else is writing them, and none became the key.
-    remove_leftovers(dir, KEY_TEMP_PREFIX);
-    let mut file = tempfile::Builder::new()
-        .prefix(KEY_TEMP_PREFIX)
-        .suffix(TEMP_SUFFIX)
-        .permissions(Permissions::from_mode(0o600))
-        .tempfile_in(dir)
-        .map_err(|e| io_error(dir, e))?;
-    let temp = file.path().to_path_buf();
-    file.write_all(text)
-        .and_then(|()| file.as_file().sync_all())
-        .map_err(|e| io_error(&temp, e))?;
-    // On failure the temporary file is removed as it drops (it holds the
-    // secret).
-    file.persist_noclobber(&target)
-        .map_err(|e| io_error(&target, e.error))?;
-    sync_dir(dir)
-}
-
-/// Removes the files in `dir` named `PREFIX...new`, as far as it can (a
-/// leftover that stays breaks nothing: every write takes a new name).
-fn remove_leftovers(dir: &Path, prefix: &str) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        // Only files: none of ours is anything else.
-        if entry.file_type().is_ok_and(|t| t.is_file())
-            && name.len() > prefix.len()
-            && name.starts_with(prefix)
-            && name.ends_with(TEMP_SUFFIX)
-        {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
+    write_private(dir, name, text, Replace::Never).map_err(|e| io_error(&dir.join(name), e))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error(dir, e))
+    crate::files::sync_dir(dir).map_err(|e| io_error(dir, e))
 }

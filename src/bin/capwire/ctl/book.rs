@@ -5,11 +5,10 @@
 //! then the directory is synced, so that after a power cut the book is
 //! the old one or the new one, never neither.
 
-use std::fs::{self, File, Permissions};
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::fs;
 use std::path::{Path, PathBuf};
 
+use capwire::files::{Replace, write_private};
 use capwire::{Addr, Invite, NodeId};
 use serde::{Deserialize, Serialize};
 
@@ -18,8 +17,6 @@ use crate::exit::Failure;
 const FILE: &str = "peers.json";
 /// A new book is written as `.peers.json.XXXXXX.new` before it replaces
 /// the old one.
-const TEMP_PREFIX: &str = ".peers.json.";
-const TEMP_SUFFIX: &str = ".new";
 /// A book larger than this is refused rather than read.
 const MAX_FILE: u64 = 4 << 20;
 
@@ -74,28 +71,13 @@ impl Book {
     }
 
     fn save(&self) -> Result<(), Failure> {
-        let path = self.dir.join(FILE);
-        let fail =
-            |e: std::io::Error| Failure::failed(format!("cannot write {}: {e}", path.display()));
         let text = serde_json::to_vec_pretty(self).map_err(|e| Failure::failed(e.to_string()))?;
-        // Leftovers of a ctl that crashed while saving: the state's lock
-        // is ours, so nobody else is writing them.
-        remove_leftovers(&self.dir);
-        let mut file = tempfile::Builder::new()
-            .prefix(TEMP_PREFIX)
-            .suffix(TEMP_SUFFIX)
-            .permissions(Permissions::from_mode(0o600))
-            .tempfile_in(&self.dir)
-            .map_err(fail)?;
-        file.write_all(&text)
-            .and_then(|()| file.as_file().sync_all())
-            .map_err(fail)?;
-        // On failure the temporary file is removed as it drops.
-        file.persist(&path).map_err(|e| fail(e.error))?;
-        // The rename is durable once the directory is.
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(fail)
+        write_private(&self.dir, FILE, &text, Replace::Always).map_err(|e| {
+            Failure::failed(format!(
+                "cannot write {}: {e}",
+                self.dir.join(FILE).display()
+            ))
+        })
     }
 
     /// Adds or updates the entry for `entry.node_id` (its name replaces an
@@ -203,27 +185,6 @@ impl Book {
                 "unknown peer {spec:?}; known: {} (or give an invite)",
                 self.names()
             ))
-        }
-    }
-}
-
-/// Removes the temporary files a save that crashed left in `dir`, as far
-/// as it can (a leftover that stays breaks nothing: every save takes a new
-/// name).
-fn remove_leftovers(dir: &Path) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        // Only files: none of ours is anything else.
-        if entry.file_type().is_ok_and(|t| t.is_file())
-            && name.len() > TEMP_PREFIX.len()
-            && name.starts_with(TEMP_PREFIX)
-            && name.ends_with(TEMP_SUFFIX)
-        {
-            let _ = fs::remove_file(entry.path());
         }
     }
 }
