@@ -1,5 +1,5 @@
-//! Calling a peer: typed requests with deadlines and cancellation, and
-//! fire-and-forget notifications.
+//! Calling a peer: typed requests with deadlines and cancellation,
+//! fire-and-forget notifications, and streams.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use capwire_envelope::{CloseCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{
     BindArgs, BindReply, CapRequirement, CapabilityManifest, Manifest, MonitoringBind,
-    NotificationVerb, RequestVerb,
+    NotificationVerb, RequestVerb, StreamVerb,
 };
 use tokio::time::Instant;
 
@@ -17,6 +17,7 @@ use crate::net::peers::Peers;
 use crate::net::session::Session;
 use crate::proto::codec;
 use crate::proto::session::{End, Reply};
+use crate::stream::ItemStream;
 use crate::tap::Way;
 
 /// A handle to call one peer. Cheap to clone.
@@ -297,6 +298,86 @@ impl Peer {
             .notify_if(frame, deadline_at, still)
             .await
             .map_err(|e| self.lost_or(e))
+    }
+
+    /// Calls stream verb `V`: returns once the stream is open (its control
+    /// frame and first grant queued); its items then come on the
+    /// [`ItemStream`] as the handler produces them, within the window of
+    /// [`Limits::stream_window_items`](crate::Limits) and
+    /// [`stream_window_bytes`](crate::Limits) (see [`crate::stream`]).
+    /// The whole stream has no deadline of its own (the peer bounds it by
+    /// its `max_handler_time`); [`Limits::stream_idle_timeout`](crate::Limits)
+    /// bounds the wait for each item.
+    ///
+    /// # Errors
+    /// [`CallError::Unsupported`] when the peer speaks protocol 1 only
+    /// (nothing is sent); [`CallError::Unreachable`] without a session;
+    /// `Overloaded` when this session's streams hold all the window they
+    /// may; `Encode`, `TooLarge`. Errors of the stream itself (denied,
+    /// the handler's error, a lost session) come as the stream's last item.
+    ///
+    /// # Cancel safety
+    /// Dropped before it returns, the stream is not opened (or, once
+    /// queued, is cancelled). Dropping the [`ItemStream`] cancels it.
+    pub async fn stream<V: StreamVerb>(
+        &self,
+        _verb: V,
+        args: V::Args,
+    ) -> Result<ItemStream<V::Output>, CallError> {
+        self.stream_as::<V>(&args, None).await
+    }
+
+    /// As [`Peer::stream`], with a deadline for the whole stream: the
+    /// peer is given it as the stream's budget, and the stream ends with
+    /// [`CallError::Timeout`] when it passes.
+    ///
+    /// # Errors
+    /// As [`Peer::stream`].
+    ///
+    /// # Cancel safety
+    /// As [`Peer::stream`].
+    pub async fn stream_within<V: StreamVerb>(
+        &self,
+        _verb: V,
+        args: V::Args,
+        deadline: Duration,
+    ) -> Result<ItemStream<V::Output>, CallError> {
+        self.stream_as::<V>(&args, Some(deadline)).await
+    }
+
+    async fn stream_as<V: StreamVerb>(
+        &self,
+        args: &V::Args,
+        deadline: Option<Duration>,
+    ) -> Result<ItemStream<V::Output>, CallError> {
+        let defaults = self.peers.stream_defaults();
+        let deadline_at = deadline.map(deadline_after);
+        let open_by = deadline_at.unwrap_or_else(|| deadline_after(self.default_deadline));
+        let session = self.session(open_by).await?;
+        if session.lock().version() < capwire_envelope::PROTOCOL_V2 {
+            return Err(CallError::Unsupported(
+                "the peer speaks protocol 1, which has no streams".to_owned(),
+            ));
+        }
+        let req_id = self.peers.next_req_id();
+        let budget = deadline_at.map(|d| {
+            u64::try_from(d.saturating_duration_since(Instant::now()).as_millis())
+                .unwrap_or(u64::MAX)
+        });
+        let frame = codec::control_of(V::CAP, V::VERB, &req_id, budget, args)
+            .map_err(|e| CallError::Encode(e.to_string()))?;
+        self.peers.tap().record(Way::Out, &self.id, &frame);
+        let sink = session
+            .open_stream(req_id.clone(), frame, defaults.window, open_by)
+            .await
+            .map_err(|e| self.lost_or(e))?;
+        Ok(ItemStream::new(
+            sink,
+            session,
+            req_id,
+            deadline_at,
+            defaults.idle,
+        ))
     }
 
     async fn session(&self, deadline: Instant) -> Result<Arc<Session>, CallError> {

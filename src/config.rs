@@ -111,6 +111,24 @@ pub struct Limits {
     /// `truncated` and the length). Default 32 KiB, so that a copy always
     /// fits the smallest record a control plane may accept (64 KiB).
     pub copy_body_max: usize,
+    /// Items a stream this node calls may have on their way or waiting to
+    /// be taken at once: its window, granted to the callee as it starts and
+    /// again as the caller takes items. Default 256.
+    pub stream_window_items: u32,
+    /// Bytes of items (each item's encoded value) a stream this node calls
+    /// may have on their way or waiting at once; no one item may be larger.
+    /// Default 1 MiB.
+    pub stream_window_bytes: u32,
+    /// Bytes of window the streams this node calls on one session may hold
+    /// in all: the most their items can buffer. A stream beyond it fails
+    /// locally with `Overloaded`. Default 64 MiB.
+    pub max_stream_window_bytes_per_session: usize,
+    /// The longest a stream may go without an item: a caller waiting
+    /// longer for the next item (or the end) gives up and cancels it
+    /// (`CallError::Idle`), and a handler waiting longer for credit to
+    /// send one is stopped and the stream ended with `timeout`. Default
+    /// 60 s.
+    pub stream_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -144,6 +162,10 @@ impl Default for Limits {
             copy_queue_len: 1024,
             copy_queue_bytes: 4 << 20,
             copy_body_max: 32 << 10,
+            stream_window_items: 256,
+            stream_window_bytes: 1 << 20,
+            max_stream_window_bytes_per_session: 64 << 20,
+            stream_idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -201,6 +223,7 @@ impl Limits {
             ("reconnect_max", self.reconnect_max),
             ("durable_replay_window", self.durable_replay_window),
             ("host_timeout", self.host_timeout),
+            ("stream_idle_timeout", self.stream_idle_timeout),
         ];
         for (name, value) in durations {
             if value > MAX_DURATION {
@@ -217,10 +240,19 @@ impl Limits {
             // A contact lost is dialled again after this: 0 would redial in
             // a tight loop.
             ("reconnect_initial", self.reconnect_initial),
+            ("stream_idle_timeout", self.stream_idle_timeout),
         ] {
             if value.is_zero() {
                 return Err(format!("{name} must be positive"));
             }
+        }
+        if self.stream_window_items == 0 || self.stream_window_bytes == 0 {
+            return Err("stream_window_items and stream_window_bytes must be at least 1".into());
+        }
+        if (self.stream_window_bytes as usize) > self.max_stream_window_bytes_per_session {
+            return Err(
+                "stream_window_bytes must not exceed max_stream_window_bytes_per_session".into(),
+            );
         }
         if self.reconnect_initial > self.reconnect_max {
             return Err("reconnect_initial must not exceed reconnect_max".into());

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use crate::dispatch::handler::RouteHandler;
 use crate::error::NodeError;
 use crate::net::peers::Peers;
-use crate::proto::codec;
+use crate::proto::codec::{self, Hellos};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -40,12 +40,9 @@ impl std::fmt::Debug for Control {
     }
 }
 
-/// The hello frame for `manifest`.
-pub(crate) fn hello_for(
-    manifest: &Manifest,
-    limits: WireLimits,
-) -> Result<bytes::Bytes, NodeError> {
-    codec::hello(manifest, limits)
+/// The hello frames for `manifest`.
+pub(crate) fn hello_for(manifest: &Manifest, limits: WireLimits) -> Result<Hellos, NodeError> {
+    codec::hellos(manifest, limits)
         .map_err(|e| NodeError::Config(format!("the manifest does not encode: {e}")))
 }
 

@@ -55,6 +55,14 @@ pub enum CallError {
     /// The invite cannot be used for this call (API misuse).
     #[error("invalid invite: {0}")]
     InvalidInvite(String),
+    /// The session cannot carry this call: a stream to a peer that speaks
+    /// protocol 1 only (it fails here, before anything is sent).
+    #[error("not supported by the peer: {0}")]
+    Unsupported(String),
+    /// A stream was waited on for longer than its idle bound with no item
+    /// and no end. A cancel was sent.
+    #[error("no item within the stream's idle bound")]
+    Idle,
 }
 
 impl CallError {

@@ -118,6 +118,17 @@ pub(crate) fn limits() -> SessionLimits {
         max_parked_bytes: 512,
         max_record: 1 << 20,
         hello_timeout: Duration::from_secs(10),
+        max_stream_window_bytes: 1 << 16,
+    }
+}
+
+/// Our hellos, from a manifest of `node` at `epoch` with no stream verbs.
+pub(crate) fn our_hellos(node: NodeId, epoch: u64) -> crate::proto::codec::Hellos {
+    let hello = peer_hello(node, epoch);
+    crate::proto::codec::Hellos {
+        v1: hello.clone(),
+        v2: hello,
+        differ: false,
     }
 }
 
@@ -163,7 +174,7 @@ struct Seen {
 }
 
 fn run_events(
-    core: &mut SessionCore<u64, Job>,
+    core: &mut SessionCore<u64, Job, u64>,
     d: &Dispatcher,
     now: Instant,
     bound: bool,
@@ -178,7 +189,7 @@ fn run_events(
             any = true;
             if let Event::Run(ticket, job) = event {
                 check_job(&job, bound, seen);
-                let f = match job::start(d, &job, REMOTE, &parent, now, 1 << 20, &mut task) {
+                let f = match job::start(d, &job, REMOTE, &parent, now, 1 << 20, None, &mut task) {
                     Started::Done(f) => f,
                     // A handler that waits is cancelled at once.
                     Started::Waiting { .. } => Finished::cancelled(),
@@ -207,7 +218,7 @@ fn check_job(job: &Job, bound: bool, seen: &mut Seen) {
     }
 }
 
-fn transmit(core: &mut SessionCore<u64, Job>, seen: &mut Seen) {
+fn transmit(core: &mut SessionCore<u64, Job, u64>, seen: &mut Seen) {
     let sent = core.transmit::<()>(usize::MAX, |record| {
         let frame = match decode_frame(record) {
             Ok(f) => f,
@@ -234,9 +245,9 @@ pub fn session_records(data: &[u8]) {
     };
     let d = dispatcher_bound(opts.bound.then_some(REMOTE));
     let mut now = Instant::now();
-    let mut core: SessionCore<u64, Job> = SessionCore::new(
+    let mut core: SessionCore<u64, Job, u64> = SessionCore::new(
         REMOTE,
-        peer_hello(LOCAL, 1),
+        our_hellos(LOCAL, 1),
         limits(),
         d.ledger().partition(REMOTE),
         now,

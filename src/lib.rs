@@ -183,6 +183,7 @@ pub mod prometheus;
 mod proto;
 mod stats;
 mod store;
+pub mod stream;
 mod tap;
 
 pub use addr::{Addr, AddrParseError};
@@ -192,7 +193,7 @@ pub use core::configuration::ConfigWatch;
 pub use core::events::ControlEvent;
 pub use dispatch::error::HandlerError;
 pub use dispatch::extract::{Context, Extensions, FromContext, Meta, Sender, State};
-pub use dispatch::handler::Handler;
+pub use dispatch::handler::{Handler, StreamHandler};
 pub use dispatch::metrics::{MetricRow, MetricsSnapshot, Outcome};
 pub use error::{CallError, NodeError};
 pub use invite::{Invite, InviteParseError, MAX_INVITE_LEN};
@@ -204,6 +205,7 @@ pub use node::{ManifestWatch, Node};
 pub use proto::ledger::LedgerSizes;
 pub use stats::{HandshakeFailure, NodeStats};
 pub use store::StoreError;
+pub use stream::{ItemStream, Items, StreamClosed};
 
 pub use capwire_authz as authz;
 pub use capwire_envelope as envelope;

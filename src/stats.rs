@@ -326,6 +326,34 @@ pub struct NodeStats {
     pub copies_dropped: u64,
     /// Monitoring copies waiting to be sent (gauge).
     pub copies_queued: usize,
+    /// The peers' streams this node serves now, over all sessions (gauge).
+    pub streams_served: usize,
+    /// This node's own streams open on peers, over all sessions (gauge).
+    pub streams_called: usize,
+    /// Stream items this node's handlers sent (counter).
+    pub stream_items_sent: u64,
+    /// Stream items this node received for its own streams (counter).
+    pub stream_items_received: u64,
+    /// Times a handler serving a stream had to wait for its caller's
+    /// credit (counter): the consumer was slower than the producer.
+    pub stream_credit_stalls: u64,
+}
+
+/// The node-wide counters of streams, shared by the sessions' drivers and
+/// the handlers' item senders.
+#[derive(Debug, Default)]
+pub(crate) struct StreamCounters {
+    pub(crate) items_sent: AtomicU64,
+    pub(crate) items_received: AtomicU64,
+    pub(crate) stalls: AtomicU64,
+}
+
+impl StreamCounters {
+    pub(crate) fn read_into(&self, stats: &mut NodeStats) {
+        stats.stream_items_sent = self.items_sent.load(Ordering::Relaxed);
+        stats.stream_items_received = self.items_received.load(Ordering::Relaxed);
+        stats.stream_credit_stalls = self.stalls.load(Ordering::Relaxed);
+    }
 }
 
 impl NodeStats {

@@ -14,8 +14,15 @@ use crate::error::{DecodeError, EncodeError, name_for_error};
 use crate::id::{CapId, IdError, MAX_REQ_ID_LEN, ReqId, Verb};
 use crate::raw::{RawValue, decode_validated};
 
-/// The protocol version this crate speaks, sent in [`Hello::protocol`].
+/// The protocol version every session starts with: the `protocol` of every
+/// node's first hello.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The highest protocol version this crate speaks: version 2 adds the
+/// [`item`](StreamItem) and [`credit`](Credit) frames of streams. A
+/// session speaks it when both sides say so in their first hellos (the
+/// node runtime decides; WIRE.md 4.1); its hellos after that name it.
+pub const PROTOCOL_V2: u32 = 2;
 
 /// Longest `cap` or `verb` text a received control frame may carry, in bytes.
 ///
@@ -42,18 +49,32 @@ pub enum FrameKind {
     Close,
     /// `keepalive`: nothing, to show the connection is alive.
     Keepalive,
+    /// `item` (protocol 2): one item of a stream.
+    Item,
+    /// `credit` (protocol 2): more room for a stream's items.
+    Credit,
 }
 
 impl FrameKind {
     /// Every frame kind.
-    pub const ALL: [FrameKind; 6] = [
+    pub const ALL: [FrameKind; 8] = [
         FrameKind::Hello,
         FrameKind::Control,
         FrameKind::Response,
         FrameKind::Cancel,
         FrameKind::Close,
         FrameKind::Keepalive,
+        FrameKind::Item,
+        FrameKind::Credit,
     ];
+
+    /// The lowest protocol version that has this frame kind.
+    pub fn since(self) -> u32 {
+        match self {
+            FrameKind::Item | FrameKind::Credit => PROTOCOL_V2,
+            _ => PROTOCOL_VERSION,
+        }
+    }
 
     /// The wire string of the `type` field.
     pub fn as_str(self) -> &'static str {
@@ -64,6 +85,8 @@ impl FrameKind {
             FrameKind::Cancel => "cancel",
             FrameKind::Close => "close",
             FrameKind::Keepalive => "keepalive",
+            FrameKind::Item => "item",
+            FrameKind::Credit => "credit",
         }
     }
 }
@@ -182,6 +205,29 @@ pub struct Cancel {
     pub req_id: ReqId,
 }
 
+/// One item of a stream (protocol 2): sent by the callee of a stream
+/// verb, within the credit its caller granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamItem {
+    /// The stream's request id (never empty).
+    pub req_id: ReqId,
+    /// The item.
+    pub item: RawValue,
+}
+
+/// More room for a stream's items (protocol 2): sent by the caller of a
+/// stream verb. Credit adds up; the callee never sends beyond it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credit {
+    /// The stream's request id (never empty).
+    pub req_id: ReqId,
+    /// How many more items may be sent.
+    pub items: u32,
+    /// How many more bytes of items (each item's encoded `item` value)
+    /// may be sent.
+    pub bytes: u32,
+}
+
 /// The sender is closing the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Close {
@@ -206,6 +252,10 @@ pub enum Frame {
     Close(Close),
     /// A frame with no content.
     Keepalive,
+    /// See [`StreamItem`].
+    Item(StreamItem),
+    /// See [`Credit`].
+    Credit(Credit),
 }
 
 impl Frame {
@@ -218,6 +268,8 @@ impl Frame {
             Frame::Cancel(_) => FrameKind::Cancel,
             Frame::Close(_) => FrameKind::Close,
             Frame::Keepalive => FrameKind::Keepalive,
+            Frame::Item(_) => FrameKind::Item,
+            Frame::Credit(_) => FrameKind::Credit,
         }
     }
 
@@ -343,6 +395,25 @@ impl ResponseRef<'_> {
     }
 }
 
+/// A received stream item, borrowing the item from the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemRef<'a> {
+    /// The stream's request id (validated, never empty).
+    pub req_id: ReqId,
+    /// The item: one validated data item.
+    pub item: &'a [u8],
+}
+
+impl ItemRef<'_> {
+    /// An owned copy.
+    pub fn to_item(&self) -> StreamItem {
+        StreamItem {
+            req_id: self.req_id.clone(),
+            item: RawValue::from_validated(self.item),
+        }
+    }
+}
+
 /// A received close frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CloseRef<'a> {
@@ -367,6 +438,10 @@ pub enum FrameRef<'a> {
     Close(CloseRef<'a>),
     /// A keepalive.
     Keepalive,
+    /// See [`ItemRef`] (protocol 2).
+    Item(ItemRef<'a>),
+    /// See [`Credit`] (protocol 2).
+    Credit(Credit),
 }
 
 impl FrameRef<'_> {
@@ -379,6 +454,8 @@ impl FrameRef<'_> {
             FrameRef::Cancel(_) => FrameKind::Cancel,
             FrameRef::Close(_) => FrameKind::Close,
             FrameRef::Keepalive => FrameKind::Keepalive,
+            FrameRef::Item(_) => FrameKind::Item,
+            FrameRef::Credit(_) => FrameKind::Credit,
         }
     }
 
@@ -398,6 +475,8 @@ impl FrameRef<'_> {
                 reason: c.reason.to_owned(),
             }),
             FrameRef::Keepalive => Frame::Keepalive,
+            FrameRef::Item(i) => Frame::Item(i.to_item()),
+            FrameRef::Credit(c) => Frame::Credit(c.clone()),
         })
     }
 
@@ -429,6 +508,8 @@ impl FrameRef<'_> {
                 encode_keepalive(out);
                 Ok(())
             }
+            FrameRef::Item(i) => encode_item(out, &i.req_id, i.item),
+            FrameRef::Credit(c) => encode_credit(out, &c.req_id, c.items, c.bytes),
         }
     }
 }
@@ -494,6 +575,11 @@ pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError>
         Frame::Cancel(c) => encode_cancel(out, &c.req_id)?,
         Frame::Close(c) => encode_close(out, c.code, &c.reason),
         Frame::Keepalive => encode_keepalive(out),
+        Frame::Item(i) => {
+            require_req_id(&i.req_id)?;
+            write_item(out, &i.req_id, i.item.as_bytes());
+        }
+        Frame::Credit(c) => encode_credit(out, &c.req_id, c.items, c.bytes)?,
     }
     Ok(())
 }
@@ -714,6 +800,90 @@ pub fn encode_cancel(out: &mut Vec<u8>, req_id: &ReqId) -> Result<(), EncodeErro
     Ok(())
 }
 
+/// Encodes a stream item (protocol 2), appending it to `out`. `item_raw`
+/// must be one data item in the strict profile and is checked.
+///
+/// ```
+/// use capwire_envelope::{decode_frame, encode_item, FrameRef, ReqId};
+/// let item = capwire_envelope::to_vec("token").unwrap();
+/// let mut out = Vec::new();
+/// encode_item(&mut out, &ReqId::from_u64(7), &item).unwrap();
+/// let FrameRef::Item(i) = decode_frame(&out).unwrap() else { unreachable!() };
+/// assert_eq!((i.req_id.as_str(), i.item), ("7", &item[..]));
+/// ```
+///
+/// # Errors
+/// [`EncodeError::InvalidId`] for an empty `req_id`;
+/// [`EncodeError::Profile`] when `item_raw` is not a valid item. On error
+/// `out` is left as it was.
+pub fn encode_item(out: &mut Vec<u8>, req_id: &ReqId, item_raw: &[u8]) -> Result<(), EncodeError> {
+    require_req_id(req_id)?;
+    validate(item_raw).map_err(EncodeError::Profile)?;
+    write_item(out, req_id, item_raw);
+    Ok(())
+}
+
+/// Encodes a stream item with `item` serialized straight into the frame
+/// (one buffer, one check of the strict profile), appending it to `out`;
+/// returns the length of the encoded `item` value, which is what the item
+/// costs in byte credit.
+///
+/// # Errors
+/// [`EncodeError::InvalidId`] for an empty `req_id`; as
+/// [`to_vec`](crate::to_vec) when `item` has no strict encoding. On error
+/// `out` is left as it was.
+pub fn encode_item_serialize<T: serde::Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    req_id: &ReqId,
+    item: &T,
+) -> Result<usize, EncodeError> {
+    require_req_id(req_id)?;
+    let start = out.len();
+    write_item(out, req_id, &[]);
+    let at = out.len();
+    if let Err(e) = crate::raw::encode_into(item, out) {
+        out.truncate(start);
+        return Err(e);
+    }
+    Ok(out.len() - at)
+}
+
+/// Bytes an item frame needs besides its `req_id` and item, at most.
+pub const ITEM_OVERHEAD: usize = 24;
+
+fn write_item(out: &mut Vec<u8>, req_id: &ReqId, item: &[u8]) {
+    let req_id = req_id.as_bytes();
+    out.reserve(ITEM_OVERHEAD + req_id.len() + item.len());
+    cbor::write_map(out, 3);
+    write_type(out, FrameKind::Item);
+    cbor::write_text(out, "req_id");
+    cbor::write_text_bytes(out, req_id);
+    cbor::write_text(out, "item");
+    out.extend_from_slice(item);
+}
+
+/// Encodes a credit frame (protocol 2), appending it to `out`.
+///
+/// # Errors
+/// [`EncodeError::InvalidId`] for an empty `req_id`.
+pub fn encode_credit(
+    out: &mut Vec<u8>,
+    req_id: &ReqId,
+    items: u32,
+    bytes: u32,
+) -> Result<(), EncodeError> {
+    require_req_id(req_id)?;
+    cbor::write_map(out, 4);
+    write_type(out, FrameKind::Credit);
+    cbor::write_text(out, "req_id");
+    cbor::write_text_bytes(out, req_id.as_bytes());
+    cbor::write_text(out, "items");
+    cbor::write_uint(out, u64::from(items));
+    cbor::write_text(out, "bytes");
+    cbor::write_uint(out, u64::from(bytes));
+    Ok(())
+}
+
 /// Encodes a close frame, appending it to `out`. A reason longer than
 /// [`MAX_REASON_LEN`] is cut at a character boundary.
 pub fn encode_close(out: &mut Vec<u8>, code: CloseCode, reason: &str) {
@@ -770,10 +940,13 @@ enum Field {
     Limits,
     Code,
     Reason,
+    Item,
+    Items,
+    Bytes,
 }
 
 impl Field {
-    const ALL: [Field; 14] = [
+    const ALL: [Field; 17] = [
         Field::Type,
         Field::Cap,
         Field::Verb,
@@ -788,6 +961,9 @@ impl Field {
         Field::Limits,
         Field::Code,
         Field::Reason,
+        Field::Item,
+        Field::Items,
+        Field::Bytes,
     ];
 
     fn name(self) -> &'static str {
@@ -806,6 +982,9 @@ impl Field {
             Field::Limits => "limits",
             Field::Code => "code",
             Field::Reason => "reason",
+            Field::Item => "item",
+            Field::Items => "items",
+            Field::Bytes => "bytes",
         }
     }
 
@@ -825,16 +1004,19 @@ impl Field {
             b"limits" => Field::Limits,
             b"code" => Field::Code,
             b"reason" => Field::Reason,
+            b"item" => Field::Item,
+            b"items" => Field::Items,
+            b"bytes" => Field::Bytes,
             _ => return None,
         })
     }
 
-    const fn bit(self) -> u16 {
+    const fn bit(self) -> u32 {
         1 << self as u8
     }
 }
 
-const fn mask(fields: &[Field]) -> u16 {
+const fn mask(fields: &[Field]) -> u32 {
     let mut m = 0;
     let mut i = 0;
     while i < fields.len() {
@@ -847,7 +1029,7 @@ const fn mask(fields: &[Field]) -> u16 {
 /// Everything a frame map may hold, filled in as keys are read.
 #[derive(Default)]
 struct Parts<'a> {
-    seen: u16,
+    seen: u32,
     kind: Option<FrameKind>,
     cap: &'a str,
     verb: &'a str,
@@ -862,6 +1044,9 @@ struct Parts<'a> {
     limits: Option<Limits>,
     code: Option<CloseCode>,
     reason: &'a str,
+    item: &'a [u8],
+    items: u32,
+    bytes: u32,
 }
 
 /// Decodes one frame in place: the whole record must be exactly one frame
@@ -941,6 +1126,8 @@ fn read_field<'a>(
                 b"cancel" => FrameKind::Cancel,
                 b"close" => FrameKind::Close,
                 b"keepalive" => FrameKind::Keepalive,
+                b"item" => FrameKind::Item,
+                b"credit" => FrameKind::Credit,
                 _ => {
                     std::str::from_utf8(name).map_err(|_| DecodeError::InvalidUtf8 { at })?;
                     return Err(DecodeError::UnknownName {
@@ -980,6 +1167,9 @@ fn read_field<'a>(
                 );
         }
         Field::Reason => parts.reason = read_text(cur, "reason", MAX_REASON_LEN)?,
+        Field::Item => parts.item = read_item(cur)?,
+        Field::Items => parts.items = read_u32(cur, "items")?,
+        Field::Bytes => parts.bytes = read_u32(cur, "bytes")?,
     }
     Ok(())
 }
@@ -1015,6 +1205,14 @@ fn assemble(parts: Parts<'_>) -> Result<FrameRef<'_>, DecodeError> {
             (m, m)
         }
         FrameKind::Keepalive => (F::Type.bit(), F::Type.bit()),
+        FrameKind::Item => {
+            let m = mask(&[F::Type, F::ReqId, F::Item]);
+            (m, m)
+        }
+        FrameKind::Credit => {
+            let m = mask(&[F::Type, F::ReqId, F::Items, F::Bytes]);
+            (m, m)
+        }
     };
     if let Some(extra) = F::ALL
         .into_iter()
@@ -1032,7 +1230,10 @@ fn assemble(parts: Parts<'_>) -> Result<FrameRef<'_>, DecodeError> {
             field: missing.name(),
         });
     }
-    let needs_id = matches!(kind, FrameKind::Response | FrameKind::Cancel);
+    let needs_id = matches!(
+        kind,
+        FrameKind::Response | FrameKind::Cancel | FrameKind::Item | FrameKind::Credit
+    );
     if needs_id && parts.req_id.is_fire_and_forget() {
         return Err(DecodeError::InvalidId(IdError::Empty {
             kind: "request id",
@@ -1067,6 +1268,15 @@ fn assemble(parts: Parts<'_>) -> Result<FrameRef<'_>, DecodeError> {
             reason: parts.reason,
         }),
         FrameKind::Keepalive => FrameRef::Keepalive,
+        FrameKind::Item => FrameRef::Item(ItemRef {
+            req_id: parts.req_id,
+            item: parts.item,
+        }),
+        FrameKind::Credit => FrameRef::Credit(Credit {
+            req_id: parts.req_id,
+            items: parts.items,
+            bytes: parts.bytes,
+        }),
     })
 }
 

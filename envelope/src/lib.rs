@@ -54,10 +54,11 @@ pub use code::{
 };
 pub use error::{DecodeError, EncodeError};
 pub use frame::{
-    CONTROL_OVERHEAD, Cancel, Close, CloseRef, ControlEnvelope, ControlRef, Frame, FrameKind,
-    FrameRef, Hello, HelloRef, Limits, MAX_NAME_LEN, PROTOCOL_VERSION, ResponseEnvelope,
-    ResponseRef, decode_frame, encode_cancel, encode_close, encode_control,
-    encode_control_serialize, encode_control_value, encode_frame, encode_keepalive,
+    CONTROL_OVERHEAD, Cancel, Close, CloseRef, ControlEnvelope, ControlRef, Credit, Frame,
+    FrameKind, FrameRef, Hello, HelloRef, ITEM_OVERHEAD, ItemRef, Limits, MAX_NAME_LEN,
+    PROTOCOL_V2, PROTOCOL_VERSION, ResponseEnvelope, ResponseRef, StreamItem, decode_frame,
+    encode_cancel, encode_close, encode_control, encode_control_serialize, encode_control_value,
+    encode_credit, encode_frame, encode_item, encode_item_serialize, encode_keepalive,
     encode_response_err, encode_response_ok, encode_response_value,
 };
 pub use id::{

@@ -75,9 +75,10 @@ impl fmt::Display for DeclaredClass {
     }
 }
 
-/// Whether a verb is answered.
+/// How a verb is answered.
 ///
-/// On the wire it is the text `"request"` or `"notification"`.
+/// On the wire it is the text `"request"`, `"notification"` or (protocol
+/// 2) `"stream"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum VerbKind {
@@ -85,14 +86,27 @@ pub enum VerbKind {
     Request,
     /// Sent with an empty request id; never answered, declares no result.
     Notification,
+    /// Sent with a request id (protocol 2); answered by any number of
+    /// items, each within the caller's credit, then exactly one response
+    /// that ends the stream. Its declared result is the type of one item.
+    Stream,
 }
 
 impl VerbKind {
-    /// The stable lowercase name: `request` or `notification`.
+    /// The stable lowercase name: `request`, `notification` or `stream`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Request => "request",
             Self::Notification => "notification",
+            Self::Stream => "stream",
+        }
+    }
+
+    /// The lowest protocol version that has this kind: 2 for streams.
+    pub const fn since(self) -> u32 {
+        match self {
+            Self::Stream => 2,
+            Self::Request | Self::Notification => 1,
         }
     }
 }

@@ -76,6 +76,7 @@ mod cluster;
 mod configuration;
 mod connect;
 mod monitoring;
+mod protocol;
 mod spec;
 
 mod validate;
@@ -105,6 +106,7 @@ pub use monitoring::{
     BindArgs, BindReply, CORE_MONITORING, CopyDirection, CopyRecord, MonitoringBind,
     MonitoringCopy, MonitoringDisable, MonitoringStatusRead, MonitoringStatusReply, NoArgs,
 };
+pub use protocol::{CORE_PROTOCOL, ProtocolVersions, VersionsReply};
 pub use registry::{MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo};
 pub use requirement::CapRequirement;
 // The schema crate of `VerbDef::Args` and `Output`, so that an app derives
@@ -116,5 +118,6 @@ pub use semver::{Version, VersionReq};
 pub use spec::{Capability, VerbSpec};
 pub use tracker::ManifestTracker;
 pub use verb::{
-    NotificationVerb, RequestVerb, VerbDef, cap_id_is_well_formed, verb_is_well_formed,
+    NotificationVerb, RequestVerb, StreamVerb, UnaryVerb, VerbDef, cap_id_is_well_formed,
+    verb_is_well_formed,
 };

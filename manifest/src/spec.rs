@@ -109,6 +109,11 @@ impl<H> VerbSpec<H> {
         Self::new(name.into(), VerbKind::Notification)
     }
 
+    /// A stream verb (protocol 2: items, then one response).
+    pub fn stream(name: impl Into<String>) -> Self {
+        Self::new(name.into(), VerbKind::Stream)
+    }
+
     /// The typed declaration of `V`, with its handler.
     pub fn typed<V: VerbDef>(handler: H) -> Self {
         let declares = declares_result::<V>();

@@ -113,17 +113,49 @@ pub trait RequestVerb: VerbDef {}
 /// ```
 pub trait NotificationVerb: VerbDef<Output = ()> {}
 
+/// A [`VerbDef`] that is a stream (protocol 2): sent with a request id and
+/// answered by any number of items of type [`Output`](VerbDef::Output),
+/// each within the credit the caller grants, then one response that ends
+/// it.
+///
+/// [`verb!`](crate::verb) implements it for every `stream` verb; the
+/// runtime bounds `peer.stream::<V>` with it, so that streaming a request
+/// verb, or sending a stream verb as a request, does not compile.
+///
+/// ```
+/// use capwire_manifest::{StreamVerb, verb};
+/// verb! { pub struct Generate: stream "app.llm" / "generate", Bootstrap, String => String; }
+/// fn stream<V: StreamVerb>(_: V, _: V::Args) {}
+/// stream(Generate, "a prompt".to_owned());
+/// ```
+///
+/// A request is not a stream:
+///
+/// ```compile_fail,E0277
+/// use capwire_manifest::{StreamVerb, verb};
+/// verb! { pub struct Say: request "app.echo" / "say", Bootstrap, String => String; }
+/// fn stream<V: StreamVerb>(_: V, _: V::Args) {}
+/// stream(Say, "hello".to_owned());
+/// ```
+pub trait StreamVerb: VerbDef {}
+
+/// A [`VerbDef`] answered at most once: a request or a notification, the
+/// verbs whose handlers return one value. [`verb!`](crate::verb)
+/// implements it for both; a stream verb has a handler of another shape.
+pub trait UnaryVerb: VerbDef {}
+
 /// `true` when `V` declares a result, i.e. its output type is not `()`.
 pub(crate) fn declares_result<V: VerbDef>() -> bool {
     TypeId::of::<V::Output>() != TypeId::of::<()>()
 }
 
-/// Declares a unit struct implementing [`VerbDef`], and [`RequestVerb`] or
-/// [`NotificationVerb`] according to its kind.
+/// Declares a unit struct implementing [`VerbDef`], and [`RequestVerb`],
+/// [`NotificationVerb`] or [`StreamVerb`] according to its kind.
 ///
 /// The syntax is
-/// `VIS struct NAME: request "CAP" / "VERB", CLASS, ARGS => OUTPUT;` or
-/// `VIS struct NAME: notification "CAP" / "VERB", CLASS, ARGS;`, where
+/// `VIS struct NAME: request "CAP" / "VERB", CLASS, ARGS => OUTPUT;`,
+/// `VIS struct NAME: notification "CAP" / "VERB", CLASS, ARGS;` or
+/// `VIS struct NAME: stream "CAP" / "VERB", CLASS, ARGS => ITEM;`, where
 /// `CLASS` is a [`DeclaredClass`] variant (`Bootstrap` or `Controller`) and
 /// the types implement serde's traits and [`JsonSchema`](crate::JsonSchema).
 /// The expansion names only `$crate` and `::core` paths, so the macro works
@@ -167,6 +199,7 @@ macro_rules! verb {
     ) => {
         $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Request, $class, $args, $out);
         impl $crate::RequestVerb for $name {}
+        impl $crate::UnaryVerb for $name {}
     };
     (
         $(#[$meta:meta])*
@@ -175,6 +208,15 @@ macro_rules! verb {
     ) => {
         $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Notification, $class, $args, ());
         impl $crate::NotificationVerb for $name {}
+        impl $crate::UnaryVerb for $name {}
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident : stream $cap:literal / $verb:literal, $class:ident,
+        $args:ty => $item:ty $(;)?
+    ) => {
+        $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Stream, $class, $args, $item);
+        impl $crate::StreamVerb for $name {}
     };
     (@def [$(#[$meta:meta])*] $vis:vis $name:ident, $cap:literal, $verb:literal, $kind:ident,
         $class:ident, $args:ty, $out:ty) => {

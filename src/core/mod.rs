@@ -15,5 +15,6 @@ pub(crate) mod configuration;
 pub(crate) mod connect;
 pub(crate) mod events;
 pub(crate) mod monitoring;
+pub(crate) mod protocol;
 pub(crate) mod roster;
 pub(crate) mod state;

@@ -64,6 +64,8 @@ pub struct Context {
     pub(crate) cancel: Option<CancellationToken>,
     /// The largest frame that can carry the answer to the sender.
     pub(crate) reply_room: usize,
+    /// For a job serving a stream: where its items go.
+    pub(crate) stream: Option<crate::net::streams::Served>,
 }
 
 impl std::fmt::Debug for Context {

@@ -20,10 +20,11 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
 use capwire_envelope::{DecodeError, ErrorCode, RawValue};
-use capwire_manifest::VerbDef;
+use capwire_manifest::{StreamVerb, VerbDef};
 
 pub(crate) use crate::dispatch::error::HandlerError;
 use crate::dispatch::extract::{Context, Extensions, FromContext};
+use crate::stream::Items;
 
 /// A boxed, sendable future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -90,6 +91,84 @@ macro_rules! impl_handler {
 impl_handler!(E1);
 impl_handler!(E1, E2);
 impl_handler!(E1, E2, E3);
+
+/// An async function that can serve stream verb `V`. `M` only tells the
+/// blanket implementations apart; you never name it.
+///
+/// Implemented for every `Fn(V::Args, Items<V::Output>, E1, .., En) ->
+/// impl Future<Output = Result<(), HandlerError>>` with up to three
+/// extractors `Ei: FromContext`. The stream ends when the future does:
+/// `Ok(())` ends it well, an error ends it with that error.
+pub trait StreamHandler<V: StreamVerb, M>: Clone + Send + Sync + 'static {
+    /// Runs the handler: extracts what it needs from `cx` and starts it.
+    fn call(
+        &self,
+        args: V::Args,
+        items: Items<V::Output>,
+        cx: &mut Context,
+    ) -> BoxFuture<Result<(), HandlerError>>;
+
+    /// As [`Handler::check`].
+    ///
+    /// # Errors
+    /// What is missing, in words.
+    fn check(extensions: &Extensions) -> Result<(), String>;
+}
+
+impl<V, F, Fut> StreamHandler<V, ()> for F
+where
+    V: StreamVerb,
+    F: Fn(V::Args, Items<V::Output>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    fn call(
+        &self,
+        args: V::Args,
+        items: Items<V::Output>,
+        _cx: &mut Context,
+    ) -> BoxFuture<Result<(), HandlerError>> {
+        Box::pin((self)(args, items))
+    }
+
+    fn check(_extensions: &Extensions) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+macro_rules! impl_stream_handler {
+    ($($e:ident),+) => {
+        impl<V, F, Fut, $($e),+> StreamHandler<V, ($($e,)+)> for F
+        where
+            V: StreamVerb,
+            F: Fn(V::Args, Items<V::Output>, $($e),+) -> Fut + Clone + Send + Sync + 'static,
+            Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+            $($e: FromContext),+
+        {
+            #[allow(non_snake_case)]
+            fn call(
+                &self,
+                args: V::Args,
+                items: Items<V::Output>,
+                cx: &mut Context,
+            ) -> BoxFuture<Result<(), HandlerError>> {
+                $(let $e = match $e::from_context(cx) {
+                    Ok(v) => v,
+                    Err(e) => return Box::pin(async move { Err(e) }),
+                };)+
+                Box::pin((self)(args, items, $($e),+))
+            }
+
+            fn check(extensions: &Extensions) -> Result<(), String> {
+                $($e::check(extensions)?;)+
+                Ok(())
+            }
+        }
+    };
+}
+
+impl_stream_handler!(E1);
+impl_stream_handler!(E1, E2);
+impl_stream_handler!(E1, E2, E3);
 
 /// The type-erased handler of one route.
 pub(crate) trait ErasedHandler: Send + Sync + 'static {
@@ -196,6 +275,54 @@ where
                 )
             })
         }))
+    }
+
+    fn check(&self, extensions: &Extensions) -> Result<(), String> {
+        H::check(extensions)
+    }
+}
+
+/// A typed stream handler `H` of verb `V`, erased.
+pub(crate) struct StreamTyped<V, M, H> {
+    handler: H,
+    _marker: PhantomData<fn() -> (V, M)>,
+}
+
+impl<V, M, H> StreamTyped<V, M, H> {
+    pub(crate) fn new(handler: H) -> Self {
+        Self {
+            handler,
+            _marker: PhantomData,
+        }
+    }
+}
+
+impl<V, M, H> ErasedHandler for StreamTyped<V, M, H>
+where
+    V: StreamVerb,
+    M: 'static,
+    H: StreamHandler<V, M>,
+{
+    fn start(
+        &self,
+        args: &RawValue,
+        cx: &mut Context,
+    ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
+        let args: V::Args = args.decode()?;
+        let Some(served) = cx.stream.take() else {
+            // Only stream jobs reach a stream verb's handler.
+            return Ok(Box::pin(async {
+                Err(HandlerError::new(
+                    ErrorCode::Internal,
+                    "a stream verb ran outside a stream",
+                ))
+            }));
+        };
+        let items = Items::new(served, cx.deadline);
+        let fut = self.handler.call(args, items, cx);
+        Ok(Box::pin(
+            async move { fut.await.map(|()| RawValue::null()) },
+        ))
     }
 
     fn check(&self, extensions: &Extensions) -> Result<(), String> {

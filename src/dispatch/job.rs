@@ -74,7 +74,9 @@ pub(crate) enum Started {
 /// Starts `job` for `sender` and polls it once with `task`'s waker, so a
 /// handler that does not wait costs no task and no wake-up. `parent` is
 /// the session's handler token; `reply_room` the largest frame that can
-/// carry the answer to the sender.
+/// carry the answer to the sender; `stream`, for a job serving a stream,
+/// where its items go.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     dispatcher: &Dispatcher,
     job: &Job,
@@ -82,6 +84,7 @@ pub(crate) fn start(
     parent: &CancellationToken,
     now: Instant,
     reply_room: usize,
+    stream: Option<crate::net::streams::Served>,
     task: &mut TaskContext<'_>,
 ) -> Started {
     // A binding change since the decision takes effect here (bootstrap
@@ -110,6 +113,7 @@ pub(crate) fn start(
         parent: parent.clone(),
         cancel: None,
         reply_room,
+        stream,
     };
     let handler = job.permit.handler().handler();
     let mut future = match catch_unwind(AssertUnwindSafe(|| handler.start(&job.args, &mut cx))) {

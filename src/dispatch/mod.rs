@@ -43,6 +43,8 @@ pub(crate) struct Job {
     pub(crate) args: RawValue,
     /// When the handler's budget runs out.
     pub(crate) deadline: Instant,
+    /// It serves a stream (a stream verb, on a version-2 session).
+    pub(crate) stream: bool,
 }
 
 impl Job {
@@ -80,6 +82,10 @@ impl Work for Job {
 
     fn durable(&self) -> bool {
         self.permit.handler().is_durable()
+    }
+
+    fn is_stream(&self) -> bool {
+        self.stream
     }
 }
 
@@ -195,7 +201,8 @@ impl Admission for Dispatcher {
     /// Decides what becomes of one inbound control envelope from `sender`
     /// (the channel's authenticated key). `record` is the received record
     /// `c` was decoded from; `part` is the sender's ledger partition;
-    /// `room` says whether the session may start one more job now.
+    /// `room` says whether the session may start one more job now;
+    /// `version` is the session's protocol version.
     fn admit(
         &self,
         part: &Partition,
@@ -204,6 +211,7 @@ impl Admission for Dispatcher {
         record: &Bytes,
         now: Instant,
         room: bool,
+        version: u32,
     ) -> Admit<Job> {
         self.tap.record(Way::In, sender, record);
         let notification = c.req_id.is_fire_and_forget();
@@ -232,8 +240,9 @@ impl Admission for Dispatcher {
             }
         };
         let route = permit.handler().index();
-        match (permit.info().kind(), notification) {
-            (VerbKind::Request, true) => {
+        let kind = permit.info().kind();
+        match (kind, notification) {
+            (VerbKind::Request | VerbKind::Stream, true) => {
                 // No req_id to answer on; refused and counted.
                 self.metrics.count(route, Outcome::WrongKind);
                 tracing::debug!(peer = %sender, cap = c.cap, verb = c.verb,
@@ -247,8 +256,18 @@ impl Admission for Dispatcher {
                     "this verb is a notification and takes no req_id",
                 ));
             }
+            // A version-1 peer is not shown stream verbs: for it there is
+            // no such verb.
+            (VerbKind::Stream, false) if version < kind.since() => {
+                self.metrics.count(route, Outcome::WrongKind);
+                return Admit::Answer(ErrorBody::new(
+                    ErrorCode::UnknownVerb,
+                    "this verb is a stream, which needs protocol 2",
+                ));
+            }
             _ => {}
         }
+        let stream = kind == VerbKind::Stream;
         let args = RawValue::dangerous_from_validated(record.slice_ref(c.args));
         if notification {
             if self.is_shutting_down() {
@@ -260,6 +279,7 @@ impl Admission for Dispatcher {
                 req_id: ReqId::EMPTY,
                 args,
                 deadline: deadline(now, None, self.max_handler_time),
+                stream: false,
             });
         }
 
@@ -310,6 +330,7 @@ impl Admission for Dispatcher {
                     req_id: c.req_id.clone(),
                     args,
                     deadline: deadline(now, c.budget_ms, self.max_handler_time),
+                    stream,
                 });
             }
         };

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use capwire_envelope::CloseCode;
 use capwire_transport::{CloseCode as TransportClose, RecordDecoder, TransportError};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Sleep;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
@@ -41,6 +41,7 @@ use crate::dispatch::job::{self, Finished, Started};
 use crate::dispatch::{Dispatcher, Job};
 use crate::net::io::{Reader, Writer};
 use crate::net::session::{Session, Waiter};
+use crate::net::streams::{Served, StreamSink};
 use crate::proto::session::{End, Event, Ticket};
 use crate::stats::{HandshakeFailure, NetCounters, OpenSession};
 
@@ -70,6 +71,8 @@ pub(crate) struct Timing {
     pub(crate) write_timeout: Duration,
     /// From the decision to close to the stream being dropped, at most.
     pub(crate) close_timeout: Duration,
+    /// The longest a handler serving a stream waits for credit.
+    pub(crate) stream_idle: Duration,
 }
 
 /// What the peer table does when a session opens or ends.
@@ -95,6 +98,8 @@ pub(crate) struct ConnEnv {
     pub(crate) close_all: CancellationToken,
     /// Sessions open, and connections that never opened.
     pub(crate) stats: Arc<NetCounters>,
+    /// The node's stream counters.
+    pub(crate) streams: Arc<crate::stats::StreamCounters>,
 }
 
 /// Why an outbound session did not open.
@@ -135,6 +140,7 @@ pub(crate) async fn drive<G: Send + 'static>(
         finished: Vec::new(),
         out: None,
         jobs: HashMap::new(),
+        credits: HashMap::new(),
         timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
         timer_at: None,
         last_rx: now,
@@ -164,12 +170,14 @@ struct Driver {
     dec: RecordDecoder,
     rbuf: BytesMut,
     records: Vec<Bytes>,
-    events: Vec<Event<Waiter, Job>>,
+    events: Vec<Event<Waiter, Job, Arc<StreamSink>>>,
     finished: Vec<(Ticket, Option<Finished>)>,
     /// Sealed bytes the driver is writing, and how many are written.
     out: Option<(Vec<u8>, usize)>,
     /// Tokens of request jobs running on their own tasks.
     jobs: HashMap<u64, CancellationToken>,
+    /// What wakes each job serving a stream when the peer grants credit.
+    credits: HashMap<u64, Arc<Notify>>,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<tokio::time::Instant>,
     last_rx: Instant,
@@ -402,8 +410,18 @@ impl Driver {
                 match event {
                     Event::Opened => self.opened(),
                     Event::ManifestChanged => self.env.hooks.manifest_changed(&self.session),
-                    Event::Reply(waiter, reply) => {
-                        let _ = waiter.send(reply);
+                    Event::Reply(waiter, reply) => waiter.send(reply),
+                    Event::Item(sink, item) => {
+                        self.env
+                            .streams
+                            .items_received
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        sink.push(item);
+                    }
+                    Event::Credit(id) => {
+                        if let Some(credit) = self.credits.get(&id) {
+                            credit.notify_one();
+                        }
                     }
                     Event::Cancel(id) => {
                         if let Some(token) = self.jobs.get(&id) {
@@ -412,12 +430,24 @@ impl Driver {
                     }
                     Event::Finished(id) => {
                         self.jobs.remove(&id);
+                        self.credits.remove(&id);
                     }
                     Event::Run(ticket, job) => {
                         if closing {
                             self.finished.push((ticket, None));
                             continue;
                         }
+                        let stream = ticket.is_stream().then(|| {
+                            let credit = Arc::new(Notify::new());
+                            self.credits.insert(ticket.id, credit.clone());
+                            Served {
+                                session: self.session.clone(),
+                                req_id: ticket.req_id().clone(),
+                                credit,
+                                idle: self.env.timing.stream_idle,
+                                counters: self.env.streams.clone(),
+                            }
+                        });
                         let started = job::start(
                             &self.env.dispatcher,
                             &job,
@@ -425,6 +455,7 @@ impl Driver {
                             self.session.handlers(),
                             now,
                             reply_room,
+                            stream,
                             cx,
                         );
                         match started {
@@ -540,6 +571,9 @@ impl Driver {
             self.finished = Vec::new();
             if self.jobs.is_empty() {
                 self.jobs = HashMap::new();
+            }
+            if self.credits.is_empty() {
+                self.credits = HashMap::new();
             }
         }
     }
@@ -751,9 +785,8 @@ impl Driver {
         for event in std::mem::take(&mut self.events) {
             match event {
                 Event::Run(ticket, _) => self.session.lock().discard(ticket),
-                Event::Reply(waiter, reply) => {
-                    let _ = waiter.send(reply);
-                }
+                Event::Reply(waiter, reply) => waiter.send(reply),
+                Event::Item(sink, item) => sink.push(item),
                 _ => {}
             }
         }

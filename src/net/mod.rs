@@ -19,6 +19,7 @@ pub(crate) mod io;
 pub(crate) mod listener;
 pub(crate) mod peers;
 pub(crate) mod session;
+pub(crate) mod streams;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use bytes::Bytes;
 use capwire_authz::SharedBinding;
 use capwire_envelope::{NodeId, ReqId};
 use tokio::sync::watch;
@@ -16,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 use crate::addr::Addr;
 use crate::net::conn::SessionHooks;
 use crate::net::session::{Direction, Session};
+use crate::proto::codec::Hellos;
+use crate::proto::streams::Window;
 use crate::tap::Tap;
 
 /// A contact: a peer this node knows by name, key and address, and keeps a
@@ -85,7 +86,7 @@ pub(crate) struct Peers {
     /// Keys are authenticated identities, not peer-chosen text.
     table: Mutex<HashMap<NodeId, Arc<Session>, foldhash::fast::RandomState>>,
     changed: watch::Sender<u64>,
-    hello: Mutex<Bytes>,
+    hello: Mutex<Hellos>,
     contacts: Mutex<HashMap<NodeId, (Contact, CancellationToken)>>,
     budgets: Budgets,
     budget_limits: BudgetLimits,
@@ -95,6 +96,16 @@ pub(crate) struct Peers {
     stopping: CancellationToken,
     /// Where copies of outbound envelopes go while a control plane is bound.
     tap: Arc<Tap>,
+    /// How this node's stream calls are sized and bounded.
+    stream_defaults: StreamDefaults,
+}
+
+/// How this node's stream calls are sized: the window each grants, and
+/// how long one waits for its next item.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamDefaults {
+    pub(crate) window: Window,
+    pub(crate) idle: std::time::Duration,
 }
 
 impl std::fmt::Debug for Peers {
@@ -107,14 +118,16 @@ impl std::fmt::Debug for Peers {
 }
 
 impl Peers {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         local: NodeId,
         binding: Arc<SharedBinding>,
-        hello: Bytes,
+        hello: Hellos,
         budget_limits: BudgetLimits,
         first_req: u64,
         stopping: CancellationToken,
         tap: Arc<Tap>,
+        stream_defaults: StreamDefaults,
     ) -> Self {
         Self {
             local,
@@ -129,11 +142,16 @@ impl Peers {
             next_session: AtomicU64::new(1),
             stopping,
             tap,
+            stream_defaults,
         }
     }
 
     pub(crate) fn tap(&self) -> &Tap {
         &self.tap
+    }
+
+    pub(crate) fn stream_defaults(&self) -> StreamDefaults {
+        self.stream_defaults
     }
 
     pub(crate) fn stopping(&self) -> &CancellationToken {
@@ -149,13 +167,13 @@ impl Peers {
         self.next_session.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The hello a new session starts with.
-    pub(crate) fn hello(&self) -> Bytes {
+    /// The hellos a new session starts with.
+    pub(crate) fn hello(&self) -> Hellos {
         lock(&self.hello).clone()
     }
 
     /// A new manifest: every session sends it, and new ones start with it.
-    pub(crate) fn announce(&self, hello: Bytes) {
+    pub(crate) fn announce(&self, hello: Hellos) {
         *lock(&self.hello) = hello.clone();
         for s in self.sessions() {
             s.announce(hello.clone());

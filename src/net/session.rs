@@ -24,13 +24,35 @@ use crate::dispatch::Job;
 use crate::dispatch::job::Finished;
 use crate::error::CallError;
 use crate::net::io::Writer;
-use crate::proto::session::{End, Refused, Reply, SessionCore, Ticket};
+use crate::net::streams::{StreamEnd, StreamSink};
+use crate::proto::codec::Hellos;
+use crate::proto::session::{End, ItemRefused, Refused, Reply, SessionCore, Ticket};
+use crate::proto::streams::Window;
 
-/// What a call waits on.
-pub(crate) type Waiter = oneshot::Sender<Reply>;
+/// What waits for the answer to one of our calls: a request's caller, or
+/// the end of one of our streams.
+#[derive(Debug)]
+pub(crate) enum Waiter {
+    /// A request.
+    Call(oneshot::Sender<Reply>),
+    /// A stream.
+    Stream(StreamEnd),
+}
+
+impl Waiter {
+    /// Hands over the answer (a caller that gave up is not there).
+    pub(crate) fn send(self, reply: Reply) {
+        match self {
+            Waiter::Call(tx) => {
+                let _ = tx.send(reply);
+            }
+            Waiter::Stream(end) => end.answer(reply),
+        }
+    }
+}
 
 /// The session core as the runtime uses it.
-pub(crate) type Core = SessionCore<Waiter, Job>;
+pub(crate) type Core = SessionCore<Waiter, Job, Arc<StreamSink>>;
 
 /// Sealed bytes packed in one go, at most.
 pub(crate) const PACK_BUDGET: usize = 256 * 1024;
@@ -354,7 +376,7 @@ impl Session {
         deadline: tokio::time::Instant,
     ) -> Result<oneshot::Receiver<Reply>, CallError> {
         let (tx, rx) = oneshot::channel();
-        let mut parts = (req_id, frame, tx);
+        let mut parts = (req_id, frame, Waiter::Call(tx));
         loop {
             let refused = {
                 let mut state = self.state();
@@ -368,13 +390,101 @@ impl Session {
             };
             match refused {
                 Refused::Full(back) => parts = back,
-                Refused::TooManyCalls => return Err(CallError::Overloaded),
-                Refused::TooLarge => return Err(CallError::TooLarge),
-                Refused::Closed => return Err(CallError::PeerLost),
-                Refused::InUse => return Err(CallError::ReqIdInUse),
+                other => return Err(refused_error(other)),
             }
             self.wait_for_room(parts.1.len(), deadline).await?;
         }
+    }
+
+    /// Opens one of our streams: queues its control frame and its first
+    /// grant (`window`), waiting for room in the send queue until
+    /// `deadline`; its items and its end come on the returned sink.
+    ///
+    /// # Errors
+    /// As [`call`](Self::call); `Unsupported` when the peer speaks
+    /// protocol 1 only.
+    pub(crate) async fn open_stream(
+        &self,
+        req_id: ReqId,
+        frame: Bytes,
+        window: Window,
+        deadline: tokio::time::Instant,
+    ) -> Result<Arc<StreamSink>, CallError> {
+        let sink = Arc::new(StreamSink::default());
+        let end = Waiter::Stream(StreamEnd::new(sink.clone()));
+        let mut parts = (req_id, frame, end, sink.clone());
+        loop {
+            let refused = {
+                let mut state = self.state();
+                match state
+                    .core
+                    .open_stream(parts.0, parts.1, parts.2, parts.3, window)
+                {
+                    Ok(()) => {
+                        drop(state);
+                        self.wake();
+                        return Ok(sink);
+                    }
+                    Err(r) => r,
+                }
+            };
+            match refused {
+                Refused::Full(back) => parts = back,
+                // Not opened: its end, dropped with the refusal, is never
+                // told to anyone.
+                other => return Err(refused_error(other)),
+            }
+            self.wait_for_room(parts.1.len(), deadline).await?;
+        }
+    }
+
+    /// Our application took `items` items of `bytes` bytes of our stream
+    /// `req_id`; a grant, if one is due, goes to the driver.
+    pub(crate) fn taken(&self, req_id: &ReqId, items: u64, bytes: u64) {
+        let due = self.state().core.taken(req_id, items, bytes);
+        if due {
+            self.wake();
+        }
+    }
+
+    /// Gives up on one of our streams: it is forgotten, and the peer is
+    /// told (a cancel).
+    pub(crate) fn abandon_stream(&self, req_id: &ReqId) {
+        self.abandon(req_id);
+    }
+
+    /// Queues an item of a stream we serve, at once or not at all;
+    /// `Ok(true)` when the send queue has a backlog (a producer in a loop
+    /// should let the writer run).
+    ///
+    /// # Errors
+    /// Why it cannot go now ([`ItemRefused::NoCredit`],
+    /// [`ItemRefused::Full`]: wait and try again) or ever.
+    pub(crate) fn send_item(
+        &self,
+        req_id: &ReqId,
+        frame: &Bytes,
+        len: usize,
+    ) -> Result<bool, ItemRefused> {
+        let mut state = self.state();
+        state.core.send_item(req_id, frame.clone(), len)?;
+        let backlog = state.core.queued_bytes() >= YIELD_BACKLOG;
+        drop(state);
+        self.wake();
+        Ok(backlog)
+    }
+
+    /// Waits until the send queue may have room for `len` bytes, or
+    /// `deadline` (for items of streams we serve).
+    ///
+    /// # Errors
+    /// `Timeout` at the deadline.
+    pub(crate) async fn room(
+        &self,
+        len: usize,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), CallError> {
+        self.wait_for_room(len, deadline).await
     }
 
     /// Waits until the send queue may have room for `len` bytes (or the
@@ -453,8 +563,7 @@ impl Session {
             match refused {
                 Refused::Full(back) => frame = back,
                 Refused::TooManyCalls | Refused::InUse => return Err(CallError::Overloaded),
-                Refused::TooLarge => return Err(CallError::TooLarge),
-                Refused::Closed => return Err(CallError::PeerLost),
+                other => return Err(refused_error(other)),
             }
             self.wait_for_room(frame.len(), deadline).await?;
         }
@@ -469,7 +578,7 @@ impl Session {
     }
 
     /// Sends our newest manifest.
-    pub(crate) fn announce(&self, hello: Bytes) {
+    pub(crate) fn announce(&self, hello: Hellos) {
         self.lock().announce(hello);
         self.wake();
     }
@@ -514,5 +623,18 @@ impl std::ops::Deref for CoreGuard<'_> {
 impl std::ops::DerefMut for CoreGuard<'_> {
     fn deref_mut(&mut self) -> &mut Self::Target {
         &mut self.0.core
+    }
+}
+
+/// The error a refused call is reported as.
+fn refused_error<T>(refused: Refused<T>) -> CallError {
+    match refused {
+        Refused::Full(_) | Refused::Closed => CallError::PeerLost,
+        Refused::TooManyCalls => CallError::Overloaded,
+        Refused::TooLarge => CallError::TooLarge,
+        Refused::InUse => CallError::ReqIdInUse,
+        Refused::Unsupported => {
+            CallError::Unsupported("the peer speaks protocol 1, which has no streams".to_owned())
+        }
     }
 }

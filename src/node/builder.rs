@@ -12,7 +12,9 @@ use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
 use crate::addr::Addr;
 use crate::config::Limits;
 use crate::dispatch::extract::Extensions;
-use crate::dispatch::handler::{Handler, RouteEntry, RouteHandler, Typed};
+use crate::dispatch::handler::{
+    Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, Typed,
+};
 use crate::error::NodeError;
 use crate::host::Host;
 use crate::net::peers::Contact;
@@ -75,11 +77,54 @@ impl Capability {
     /// [`NodeHandle`](crate::NodeHandle)).
     pub fn handle<V, M, H>(mut self, _verb: V, handler: H) -> Self
     where
-        V: capwire_manifest::VerbDef,
+        V: capwire_manifest::UnaryVerb,
         M: Send + Sync + 'static,
         H: Handler<V, M>,
     {
         let route: RouteHandler = Arc::new(RouteEntry::new(Typed::<V, M, H>::new(handler)));
+        self.inner = self.inner.verb::<V>(route);
+        self
+    }
+
+    /// Adds stream verb `V`, served by `handler`: an async fn taking
+    /// `V::Args`, the [`Items`](crate::Items) sender it writes the stream's
+    /// items to, and up to three extractors, returning `Result<(),
+    /// HandlerError>` when the stream ends (see [`crate::stream`]).
+    ///
+    /// ```
+    /// use capwire::{Capability, HandlerError, Items};
+    /// use capwire::manifest::verb;
+    ///
+    /// verb! { pub struct Words: stream "app.words" / "split", Bootstrap, String => String; }
+    ///
+    /// async fn split(text: String, mut items: Items<String>) -> Result<(), HandlerError> {
+    ///     for word in text.split_whitespace() {
+    ///         items.send(word.to_owned()).await?;
+    ///     }
+    ///     Ok(())
+    /// }
+    ///
+    /// let cap = Capability::new("app.words", "1.0.0").unwrap().stream(Words, split);
+    /// # let _ = cap;
+    /// ```
+    ///
+    /// A request handler is refused for a stream verb, and a stream handler
+    /// for a request verb, at compile time:
+    ///
+    /// ```compile_fail
+    /// use capwire::{Capability, HandlerError};
+    /// use capwire::manifest::verb;
+    /// verb! { pub struct Words: stream "app.words" / "split", Bootstrap, String => String; }
+    /// async fn once(text: String) -> Result<String, HandlerError> { Ok(text) }
+    /// let _ = Capability::new("app.words", "1.0.0").unwrap().handle(Words, once);
+    /// ```
+    pub fn stream<V, M, H>(mut self, _verb: V, handler: H) -> Self
+    where
+        V: capwire_manifest::StreamVerb,
+        M: Send + Sync + 'static,
+        H: StreamHandler<V, M>,
+    {
+        let route: RouteHandler = Arc::new(RouteEntry::new(StreamTyped::<V, M, H>::new(handler)));
         self.inner = self.inner.verb::<V>(route);
         self
     }

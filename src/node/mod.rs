@@ -102,11 +102,15 @@ impl Node {
             ..NodeStats::default()
         };
         self.rt.net.env.stats.read_into(&mut stats);
+        self.rt.net.env.streams.read_into(&mut stats);
         for session in self.rt.peers.sessions() {
             let core = session.lock();
             stats.pending_calls += core.pending_calls();
             stats.inflight += core.inflight();
             stats.queued_bytes += core.queued_bytes();
+            let (served, called) = core.streams();
+            stats.streams_served += served;
+            stats.streams_called += called;
         }
         stats
     }

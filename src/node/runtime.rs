@@ -30,7 +30,7 @@ use crate::control::{Control, hello_for};
 use crate::core::answers::AnswerLimits;
 use crate::core::monitoring;
 use crate::core::state::{Core, CoreLimits, CoreState, Dialer};
-use crate::core::{cluster, configuration, connect};
+use crate::core::{cluster, configuration, connect, protocol};
 use crate::dispatch::Dispatcher;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::RouteHandler;
@@ -39,10 +39,11 @@ use crate::host::{Host, InProcessHost};
 use crate::net::Net;
 use crate::net::accept::{AcceptGate, AcceptLimits};
 use crate::net::conn::{ConnEnv, Timing};
-use crate::net::peers::{BudgetLimits, Contact, Peers};
+use crate::net::peers::{BudgetLimits, Contact, Peers, StreamDefaults};
 use crate::node::handle::NodeHandle;
 use crate::proto::ledger::{Ledger, LedgerLimits};
 use crate::proto::session::SessionLimits;
+use crate::proto::streams::Window;
 use crate::store::memory::MemoryStore;
 use crate::store::{Batch, Loaded, Store};
 use crate::tap::{Tap, TapLimits};
@@ -171,7 +172,8 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     .monitoring_verb::<capwire_manifest::MonitoringCopy>(monitoring::copy_handler())
     .core_capability(configuration::capability())
     .core_capability(connect::capability())
-    .core_capability(cluster::capability());
+    .core_capability(cluster::capability())
+    .core_capability(protocol::capability());
     for cap in p.caps {
         registry = registry.capability(cap);
     }
@@ -227,6 +229,13 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         first_req,
         stopping,
         tap.clone(),
+        StreamDefaults {
+            window: Window {
+                items: limits.stream_window_items,
+                bytes: limits.stream_window_bytes,
+            },
+            idle: limits.stream_idle_timeout,
+        },
     ));
 
     let gate = match p.authorizer {
@@ -311,9 +320,11 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             idle: p.transport.idle_timeout,
             write_timeout: limits.write_timeout,
             close_timeout: limits.close_timeout,
+            stream_idle: limits.stream_idle_timeout,
         },
         close_all: CancellationToken::new(),
         stats: Arc::default(),
+        streams: Arc::default(),
     });
     let net = Arc::new(Net {
         endpoint,
@@ -327,6 +338,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             max_parked_bytes: limits.max_parked_bytes_per_session,
             max_record: p.transport.max_record_size,
             hello_timeout: limits.hello_timeout,
+            max_stream_window_bytes: limits.max_stream_window_bytes_per_session as u64,
         },
         accept: Arc::new(AcceptGate::new(AcceptLimits {
             max_handshakes: p.transport.max_concurrent_handshakes,

@@ -321,6 +321,31 @@ fn write_stats(s: &NodeStats, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
         "Monitoring copies waiting to be sent.",
         s.copies_queued,
     )?;
+
+    gauges(
+        enc,
+        "capwire_streams",
+        "Streams open now: peers' streams this node serves, and this node's streams on peers.",
+        "side",
+        [("served", s.streams_served), ("called", s.streams_called)],
+    )?;
+    family(
+        enc,
+        "capwire_stream_items",
+        "Stream items sent by this node's handlers, and received for this node's streams.",
+        MetricType::Counter,
+        [
+            ("sent", s.stream_items_sent),
+            ("received", s.stream_items_received),
+        ]
+        .map(|(way, n)| ([("direction", way)], ConstCounter::new(n))),
+    )?;
+    counter(
+        enc,
+        "capwire_stream_credit_stalls",
+        "Times a handler serving a stream waited for its caller's credit (the consumer was slower than the producer).",
+        s.stream_credit_stalls,
+    )?;
     Ok(())
 }
 

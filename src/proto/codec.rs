@@ -3,9 +3,9 @@
 
 use bytes::Bytes;
 use capwire_envelope::{
-    CloseCode, EncodeError, ErrorBody, ErrorCode, Frame, Hello, Limits as WireLimits, RawValue,
-    ReqId, encode_cancel, encode_close, encode_control_value, encode_frame, encode_response_err,
-    encode_response_value,
+    CloseCode, EncodeError, ErrorBody, ErrorCode, Frame, Hello, Limits as WireLimits, PROTOCOL_V2,
+    PROTOCOL_VERSION, RawValue, ReqId, encode_cancel, encode_close, encode_control_value,
+    encode_credit, encode_frame, encode_item_serialize, encode_response_err, encode_response_value,
 };
 use capwire_manifest::Manifest;
 
@@ -16,15 +16,50 @@ fn frozen(out: Vec<u8>) -> Bytes {
     Bytes::from(out)
 }
 
-/// A `hello` frame announcing `manifest` and `limits`.
+/// The hellos a node sends, one per protocol version (WIRE.md 4.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hellos {
+    /// Protocol 1, with the manifest as a version-1 peer is shown it (no
+    /// stream verbs): every session's first hello, and every hello of a
+    /// version-1 session.
+    pub(crate) v1: Bytes,
+    /// Protocol 2, with the whole manifest: the hellos of a version-2
+    /// session after the first.
+    pub(crate) v2: Bytes,
+    /// The two manifests differ (the node has stream verbs): a version-2
+    /// session is sent `v2` as soon as it knows it is one.
+    pub(crate) differ: bool,
+}
+
+/// A `hello` frame for `protocol`, announcing `manifest` and `limits`.
+fn hello(manifest: &Manifest, protocol: u32, limits: WireLimits) -> Result<Bytes, EncodeError> {
+    let manifest = RawValue::encode(manifest)?;
+    let mut out = Vec::with_capacity(manifest.as_bytes().len() + 96);
+    let hello = Hello {
+        protocol,
+        manifest,
+        limits,
+    };
+    encode_frame(&Frame::Hello(hello), &mut out)?;
+    Ok(frozen(out))
+}
+
+/// The hellos announcing `manifest` and `limits`.
 ///
 /// # Errors
 /// The manifest does not encode in the strict profile.
-pub(crate) fn hello(manifest: &Manifest, limits: WireLimits) -> Result<Bytes, EncodeError> {
-    let manifest = RawValue::encode(manifest)?;
-    let mut out = Vec::with_capacity(manifest.as_bytes().len() + 96);
-    encode_frame(&Frame::Hello(Hello::new(manifest, limits)), &mut out)?;
-    Ok(frozen(out))
+pub(crate) fn hellos(manifest: &Manifest, limits: WireLimits) -> Result<Hellos, EncodeError> {
+    let differ = manifest.has_streams();
+    let v1 = if differ {
+        hello(&manifest.without_streams(), PROTOCOL_VERSION, limits)?
+    } else {
+        hello(manifest, PROTOCOL_VERSION, limits)?
+    };
+    Ok(Hellos {
+        v1,
+        v2: hello(manifest, PROTOCOL_V2, limits)?,
+        differ,
+    })
 }
 
 /// A `control` frame: a request (non-empty `req_id`) or a notification.
@@ -121,6 +156,29 @@ pub(crate) fn error_body(req_id: &ReqId, body: &ErrorBody) -> Bytes {
 pub(crate) fn cancel(req_id: &ReqId) -> Bytes {
     let mut out = Vec::with_capacity(16 + req_id.as_str().len());
     let _ = encode_cancel(&mut out, req_id);
+    frozen(out)
+}
+
+/// An `item` frame of a stream with `item` serialized into it, and the
+/// length of the encoded item (what it costs in byte credit).
+///
+/// # Errors
+/// `item` has no encoding in the strict profile.
+pub(crate) fn item_of<T: serde::Serialize + ?Sized>(
+    req_id: &ReqId,
+    item: &T,
+) -> Result<(Bytes, usize), EncodeError> {
+    let mut out =
+        Vec::with_capacity(capwire_envelope::ITEM_OVERHEAD + req_id.as_bytes().len() + 64);
+    let len = encode_item_serialize(&mut out, req_id, item)?;
+    Ok((frozen(out), len))
+}
+
+/// A `credit` frame for one of our streams.
+pub(crate) fn credit(req_id: &ReqId, items: u32, bytes: u32) -> Bytes {
+    let mut out = Vec::with_capacity(40 + req_id.as_str().len());
+    // Only an empty req_id fails, and streams never have one.
+    let _ = encode_credit(&mut out, req_id, items, bytes);
     frozen(out)
 }
 

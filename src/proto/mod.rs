@@ -6,3 +6,4 @@
 pub(crate) mod codec;
 pub(crate) mod ledger;
 pub(crate) mod session;
+pub(crate) mod streams;

@@ -26,13 +26,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use capwire_envelope::{
-    CloseCode, ErrorBody, ErrorCode, FrameRef, Limits as WireLimits, NodeId, PROTOCOL_VERSION,
-    RawValue, ReqId, decode_frame,
+    CloseCode, ErrorBody, ErrorCode, FrameRef, Limits as WireLimits, NodeId, PROTOCOL_V2,
+    PROTOCOL_VERSION, RawValue, ReqId, decode_frame,
 };
 use capwire_manifest::Manifest;
 
-use crate::proto::codec;
+use crate::proto::codec::{self, Hellos};
 use crate::proto::ledger::Partition;
+use crate::proto::streams::{Arrived, Held, Streams, Window};
 
 /// What to do with an inbound control envelope, as the dispatcher decides.
 #[derive(Debug)]
@@ -63,6 +64,10 @@ pub(crate) trait Work {
     fn durable(&self) -> bool {
         false
     }
+    /// It serves a stream: items, then one response.
+    fn is_stream(&self) -> bool {
+        false
+    }
 }
 
 /// The decision the session core asks for each control envelope: the
@@ -73,7 +78,8 @@ pub(crate) trait Admission {
     /// Decides what becomes of control envelope `c` from `sender` (the
     /// channel's authenticated key), decoded from `record`. `part` is the
     /// sender's ledger partition; `room` says whether the session may start
-    /// one more job now.
+    /// one more job now; `version` is the session's protocol version.
+    #[allow(clippy::too_many_arguments)]
     fn admit(
         &self,
         part: &Partition,
@@ -82,6 +88,7 @@ pub(crate) trait Admission {
         record: &Bytes,
         now: Instant,
         room: bool,
+        version: u32,
     ) -> Admit<Self::Job>;
 }
 
@@ -106,6 +113,8 @@ pub(crate) struct SessionLimits {
     pub(crate) max_record: usize,
     /// Time allowed for the peer's hello.
     pub(crate) hello_timeout: Duration,
+    /// Bytes of window our open streams may hold in all.
+    pub(crate) max_stream_window_bytes: u64,
 }
 
 /// The answer to one of our calls.
@@ -125,17 +134,28 @@ pub(crate) struct Ticket {
     route: u32,
     epoch: Option<u64>,
     durable: bool,
+    stream: bool,
 }
 
 impl Ticket {
     pub(crate) fn is_request(&self) -> bool {
         !self.req_id.is_fire_and_forget()
     }
+
+    /// The job serves a stream.
+    pub(crate) fn is_stream(&self) -> bool {
+        self.stream
+    }
+
+    /// The request id it answers.
+    pub(crate) fn req_id(&self) -> &ReqId {
+        &self.req_id
+    }
 }
 
 /// Something the driver must act on.
 #[derive(Debug)]
-pub(crate) enum Event<W, J> {
+pub(crate) enum Event<W, J, S> {
     /// The peer's hello arrived and was valid: the session is open.
     Opened,
     /// The peer announced a newer manifest.
@@ -146,8 +166,14 @@ pub(crate) enum Event<W, J> {
     Cancel(u64),
     /// The request job with this ticket id has ended (forget its token).
     Finished(u64),
-    /// One of our calls was answered.
+    /// One of our calls was answered (for a stream: it ended).
     Reply(W, Reply),
+    /// An item of one of our streams arrived (the raw item, sliced from
+    /// the record), within the credit we granted.
+    Item(S, Bytes),
+    /// The peer granted credit to the stream the job with this ticket id
+    /// serves, and its handler waited for it.
+    Credit(u64),
 }
 
 /// Why the session is ending or ended.
@@ -185,6 +211,21 @@ pub(crate) enum Refused<W> {
     Closed,
     /// A call with this req_id is already waiting for its answer.
     InUse,
+    /// A stream on a session whose peer speaks protocol 1.
+    Unsupported,
+}
+
+/// Why an item of a stream we serve could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ItemRefused {
+    /// No credit for it: wait for [`Event::Credit`] and try again.
+    NoCredit,
+    /// The send queue is full for now: wait for room and try again.
+    Full,
+    /// The item is larger than the caller's window or `max_record`.
+    TooLarge,
+    /// The stream is no longer served, or the session is closing.
+    Closed,
 }
 
 #[derive(Debug)]
@@ -200,19 +241,31 @@ struct Queued {
 struct PeerView {
     manifest: Arc<Manifest>,
     limits: WireLimits,
+    /// The `protocol` of the hello the manifest came with.
+    protocol: u32,
 }
 
 /// One session's protocol state. `W` is what the driver wants back when a
-/// call is answered (a oneshot sender, say); `J` is the dispatcher's job.
-pub(crate) struct SessionCore<W, J> {
+/// call is answered (a oneshot sender, say); `J` is the dispatcher's job;
+/// `S` is where the items of one of our streams go.
+pub(crate) struct SessionCore<W, J, S> {
     remote: NodeId,
     limits: SessionLimits,
     phase: Phase,
     end: Option<End>,
     peer: Option<PeerView>,
     ledger: Arc<Partition>,
+    /// The session's protocol version: 1 until the peer's first hello
+    /// says it speaks 2 as well (ours always does).
+    version: u32,
 
+    /// Our hellos as they are now.
+    hellos: Hellos,
+    /// Our first hello, until it is sent.
     hello: Option<Bytes>,
+    /// A later hello of ours, until it is sent (the newest replaces one
+    /// not yet sent).
+    update: Option<Bytes>,
     cancels: VecDeque<ReqId>,
     queue: VecDeque<Queued>,
     queued_bytes: usize,
@@ -239,10 +292,12 @@ pub(crate) struct SessionCore<W, J> {
     parked_bytes: usize,
     next_job: u64,
 
-    events: VecDeque<Event<W, J>>,
+    streams: Streams<S>,
+
+    events: VecDeque<Event<W, J, S>>,
 }
 
-impl<W, J> std::fmt::Debug for SessionCore<W, J> {
+impl<W, J, S> std::fmt::Debug for SessionCore<W, J, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionCore")
             .field("remote", &self.remote)
@@ -254,12 +309,12 @@ impl<W, J> std::fmt::Debug for SessionCore<W, J> {
     }
 }
 
-impl<W, J: Work> SessionCore<W, J> {
+impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
     /// A session with `remote` (the key the handshake proved), with our
-    /// `hello` queued as its first record.
+    /// first hello (`hellos.v1`) queued as its first record.
     pub(crate) fn new(
         remote: NodeId,
-        hello: Bytes,
+        hellos: Hellos,
         limits: SessionLimits,
         ledger: Arc<Partition>,
         now: Instant,
@@ -275,7 +330,10 @@ impl<W, J: Work> SessionCore<W, J> {
             end: None,
             peer: None,
             ledger,
-            hello: Some(hello),
+            version: PROTOCOL_VERSION,
+            hello: Some(hellos.v1.clone()),
+            hellos,
+            update: None,
             cancels: VecDeque::new(),
             queue: VecDeque::new(),
             queued_bytes: 0,
@@ -291,8 +349,20 @@ impl<W, J: Work> SessionCore<W, J> {
             parked: VecDeque::new(),
             parked_bytes: 0,
             next_job: 0,
+            streams: Streams::default(),
             events: VecDeque::new(),
         }
+    }
+
+    /// The session's protocol version (1 until the peer's first hello
+    /// shows it speaks 2).
+    pub(crate) fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Streams the peer runs here, and ours open on the peer.
+    pub(crate) fn streams(&self) -> (usize, usize) {
+        (self.streams.served(), self.streams.opened())
     }
 
     /// The peer's identity.
@@ -392,7 +462,9 @@ impl<W, J: Work> SessionCore<W, J> {
             return false;
         }
         self.hello.is_some()
+            || self.update.is_some()
             || !self.cancels.is_empty()
+            || self.streams.has_grants()
             || !self.queue.is_empty()
             || self.close.is_some()
     }
@@ -414,7 +486,7 @@ impl<W, J: Work> SessionCore<W, J> {
     }
 
     /// The next event for the driver.
-    pub(crate) fn poll_event(&mut self) -> Option<Event<W, J>> {
+    pub(crate) fn poll_event(&mut self) -> Option<Event<W, J, S>> {
         self.events.pop_front()
     }
 
@@ -439,14 +511,29 @@ impl<W, J: Work> SessionCore<W, J> {
         }
     }
 
-    /// Announces a new manifest: the newest hello replaces one not yet sent.
-    /// A hello larger than the peer accepts ends the session (`too_large`):
+    /// Announces a new manifest: the newest hello replaces one not yet sent
+    /// (a first hello not yet sent stays the first, in its new form). A
+    /// hello larger than the peer accepts ends the session (`too_large`):
     /// the peer could no longer know our manifest.
-    pub(crate) fn announce(&mut self, hello: Bytes) {
+    pub(crate) fn announce(&mut self, hellos: Hellos) {
         if self.is_closing() {
             return;
         }
-        if hello.len() > self.max_frame() {
+        let first = self.hello.is_some().then(|| hellos.v1.clone());
+        let update = match (self.version >= PROTOCOL_V2, first.is_some()) {
+            (true, false) => Some(hellos.v2.clone()),
+            (true, true) => hellos.differ.then(|| hellos.v2.clone()),
+            (false, false) => Some(hellos.v1.clone()),
+            (false, true) => None,
+        };
+        self.hellos = hellos;
+        let largest = first
+            .iter()
+            .chain(update.iter())
+            .map(Bytes::len)
+            .max()
+            .unwrap_or(0);
+        if largest > self.max_frame() {
             self.close(
                 CloseCode::TooLarge,
                 "our manifest is larger than the peer's max_record",
@@ -454,7 +541,12 @@ impl<W, J: Work> SessionCore<W, J> {
             );
             return;
         }
-        self.hello = Some(hello);
+        if first.is_some() {
+            self.hello = first;
+        }
+        if update.is_some() {
+            self.update = update;
+        }
     }
 
     /// Closes the session with `code`: the close frame goes after what is
@@ -465,6 +557,7 @@ impl<W, J: Work> SessionCore<W, J> {
         }
         if abort {
             self.hello = None;
+            self.update = None;
             self.drop_queue();
         }
         self.close = Some(codec::close(code, reason));
@@ -481,11 +574,13 @@ impl<W, J: Work> SessionCore<W, J> {
         }
         self.phase = Phase::Ended;
         self.hello = None;
+        self.update = None;
         self.cancels.clear();
         self.close = None;
         self.drop_queue();
         self.stop_work();
         self.withdrawn.clear();
+        self.streams.clear();
         self.calls.drain().map(|(_, (w, _))| w).collect()
     }
 
@@ -544,6 +639,100 @@ impl<W, J: Work> SessionCore<W, J> {
         Ok(())
     }
 
+    /// Opens one of our streams: queues its control frame (already
+    /// encoded) and, right after it, the grant of `window`; its items go to
+    /// `sink`, its end (the response) to `waiter`. When the queue is full
+    /// for now, everything is handed back to try again.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn open_stream(
+        &mut self,
+        req_id: ReqId,
+        frame: Bytes,
+        waiter: W,
+        sink: S,
+        window: Window,
+    ) -> Result<(), Refused<(ReqId, Bytes, W, S)>> {
+        if !self.is_open() {
+            return Err(Refused::Closed);
+        }
+        if self.version < PROTOCOL_V2 {
+            return Err(Refused::Unsupported);
+        }
+        if self.calls.len() + self.cancels.len() >= self.limits.max_pending_calls
+            || self.streams.window_bytes() + u64::from(window.bytes)
+                > self.limits.max_stream_window_bytes
+        {
+            return Err(Refused::TooManyCalls);
+        }
+        if frame.len() > self.max_frame() {
+            return Err(Refused::TooLarge);
+        }
+        if self.calls.contains_key(&req_id) {
+            return Err(Refused::InUse);
+        }
+        let grant = codec::credit(&req_id, window.items, window.bytes);
+        let len = frame.len() + grant.len();
+        if self.queued_bytes + len > self.limits.max_queued_bytes && self.queued_bytes > 0 {
+            return Err(Refused::Full((req_id, frame, waiter, sink)));
+        }
+        self.calls_queued += 1;
+        self.calls
+            .insert(req_id.clone(), (waiter, self.calls_queued));
+        self.streams.open(req_id, sink, window);
+        self.queued_bytes += len;
+        self.queue.push_back(Queued {
+            frame,
+            response: false,
+            call: Some(self.calls_queued),
+        });
+        // In the queue, after the control frame: a grant that overtook it
+        // would be for a stream the peer does not know yet.
+        self.queue.push_back(Queued {
+            frame: grant,
+            response: false,
+            call: None,
+        });
+        Ok(())
+    }
+
+    /// Our application took `items` items of `bytes` bytes of our stream
+    /// `req_id`: `true` when a grant is now waiting to be sent.
+    pub(crate) fn taken(&mut self, req_id: &ReqId, items: u64, bytes: u64) -> bool {
+        self.is_open() && self.streams.taken(req_id, items, bytes)
+    }
+
+    /// Queues an item (already encoded as `frame`, its `item` value `len`
+    /// bytes) of the peer's stream `req_id` that we serve, within the
+    /// credit the peer granted.
+    ///
+    /// # Errors
+    /// Why it cannot go now, or ever.
+    pub(crate) fn send_item(
+        &mut self,
+        req_id: &ReqId,
+        frame: Bytes,
+        len: usize,
+    ) -> Result<(), ItemRefused> {
+        if !self.is_open() {
+            return Err(ItemRefused::Closed);
+        }
+        if frame.len() > self.max_frame() {
+            return Err(ItemRefused::TooLarge);
+        }
+        // Room first: credit spent is spent.
+        if self.queued_bytes + frame.len() > self.limits.max_queued_bytes && self.queued_bytes > 0 {
+            return Err(ItemRefused::Full);
+        }
+        match self.streams.spend(req_id, len) {
+            Ok(()) => {}
+            Err(Held::NoCredit) => return Err(ItemRefused::NoCredit),
+            Err(Held::LargerThanWindow) => return Err(ItemRefused::TooLarge),
+            Err(Held::Gone) => return Err(ItemRefused::Closed),
+        }
+        self.push(frame, false);
+        Ok(())
+    }
+
     /// Queues one of our notifications (already encoded); a full queue
     /// hands the frame back.
     pub(crate) fn notify(&mut self, frame: Bytes) -> Result<(), Refused<Bytes>> {
@@ -567,6 +756,7 @@ impl<W, J: Work> SessionCore<W, J> {
     /// and counts against the pending-call bound until it is sent.
     pub(crate) fn abandon(&mut self, req_id: &ReqId) -> Option<W> {
         let (waiter, seq) = self.calls.remove(req_id)?;
+        self.streams.close(req_id);
         if seq > self.calls_sent {
             self.withdrawn.push(seq);
         } else if self.is_open() {
@@ -608,8 +798,18 @@ impl<W, J: Work> SessionCore<W, J> {
             sent += hello.len();
             sink(&hello)?;
         }
+        if let Some(hello) = self.update.take() {
+            sent += hello.len();
+            sink(&hello)?;
+        }
         while let Some(req_id) = self.cancels.pop_front() {
             let frame = codec::cancel(&req_id);
+            sent += frame.len();
+            sink(&frame)?;
+        }
+        // Grants go ahead of the queue too: a producer waits on them.
+        while let Some((req_id, items, bytes)) = self.streams.next_grant() {
+            let frame = codec::credit(&req_id, items, bytes);
             sent += frame.len();
             sink(&frame)?;
         }
@@ -685,14 +885,39 @@ impl<W, J: Work> SessionCore<W, J> {
                 self.close(code, &reason, true);
                 return;
             }
+            // Both sides speak protocol 2 (ours lists it in every
+            // manifest): from now on it is a version-2 session, and the
+            // peer is shown our whole manifest.
+            if self
+                .peer
+                .as_ref()
+                .is_some_and(|p| p.manifest.protocol() >= PROTOCOL_V2)
+            {
+                self.version = PROTOCOL_V2;
+                if self.hellos.differ {
+                    self.update = Some(self.hellos.v2.clone());
+                }
+            }
             self.phase = Phase::Open;
             self.events.push_back(Event::Opened);
+            return;
+        }
+        if frame.kind().since() > self.version {
+            let reason = format!(
+                "{} frames need protocol {}; this session speaks {}",
+                frame.kind(),
+                frame.kind().since(),
+                self.version
+            );
+            self.close(CloseCode::ProtocolError, &reason, true);
             return;
         }
         match frame {
             FrameRef::Control(c) => {
                 let room = self.inflight() < self.limits.max_inflight;
-                match dispatcher.admit(&self.ledger, &self.remote, &c, &record, now, room) {
+                let version = self.version;
+                match dispatcher.admit(&self.ledger, &self.remote, &c, &record, now, room, version)
+                {
                     Admit::Answer(body) => {
                         let frame = codec::error_body(&c.req_id, &body);
                         self.push(frame, false);
@@ -705,6 +930,7 @@ impl<W, J: Work> SessionCore<W, J> {
             FrameRef::Response(r) => {
                 // A late answer to a call we gave up on is ignored.
                 if let Some((waiter, _)) = self.calls.remove(&r.req_id) {
+                    self.streams.close(&r.req_id);
                     let reply = match r.outcome {
                         Ok(raw) => Reply::Ok(record.slice_ref(raw)),
                         Err(body) => Reply::Err(body),
@@ -725,6 +951,31 @@ impl<W, J: Work> SessionCore<W, J> {
             },
             FrameRef::Close(c) => self.peer_closed(c.code, c.reason),
             FrameRef::Keepalive => {}
+            FrameRef::Item(i) => match self.streams.arrived(&i.req_id, i.item.len()) {
+                Arrived::Deliver(sink) => {
+                    let event = Event::Item(sink.clone(), record.slice_ref(i.item));
+                    self.events.push_back(event);
+                }
+                // A stream we gave up on (its items may still be on their
+                // way), or none ever: ignored, as a late response is.
+                Arrived::Unknown if !self.calls.contains_key(&i.req_id) => {}
+                Arrived::Unknown => self.close(
+                    CloseCode::ProtocolError,
+                    "an item for a request that is not a stream",
+                    true,
+                ),
+                Arrived::Excess => self.close(
+                    CloseCode::ProtocolError,
+                    "an item beyond the credit granted",
+                    true,
+                ),
+            },
+            FrameRef::Credit(c) => {
+                // A grant for a stream that ended (or never was) is ignored.
+                if let Some(job) = self.streams.grant(&c.req_id, c.items, c.bytes) {
+                    self.events.push_back(Event::Credit(job));
+                }
+            }
         }
     }
 
@@ -744,11 +995,23 @@ impl<W, J: Work> SessionCore<W, J> {
         &mut self,
         hello: &capwire_envelope::HelloRef<'_>,
     ) -> Result<bool, (CloseCode, String)> {
-        if hello.protocol != PROTOCOL_VERSION {
+        // A first hello names protocol 1 whatever its sender speaks; a
+        // later one names the session's version, or 1.
+        let allowed = if self.peer.is_none() {
+            PROTOCOL_VERSION
+        } else {
+            self.version
+        };
+        if hello.protocol == 0 || hello.protocol > allowed {
             return Err((
                 CloseCode::UnsupportedProtocol,
                 format!(
-                    "this node speaks protocol {PROTOCOL_VERSION}, the hello names {}",
+                    "this hello may name protocol {PROTOCOL_VERSION}{}, it names {}",
+                    if allowed > PROTOCOL_VERSION {
+                        format!(" or {allowed}")
+                    } else {
+                        String::new()
+                    },
                     hello.protocol
                 ),
             ));
@@ -771,14 +1034,27 @@ impl<W, J: Work> SessionCore<W, J> {
                     .to_owned(),
             ));
         }
-        if let Some(peer) = &self.peer
-            && manifest.epoch <= peer.manifest.epoch
-        {
-            return Ok(false);
+        if hello.protocol < PROTOCOL_V2 && manifest.has_streams() {
+            return Err((
+                CloseCode::ProtocolError,
+                "stream verbs in a hello that names protocol 1".to_owned(),
+            ));
+        }
+        // A newer epoch replaces what is held; so does the first hello
+        // naming protocol 2 (the whole manifest of a version-2 peer, at
+        // the epoch of the version-1 view it sent first).
+        if let Some(peer) = &self.peer {
+            let upgrade = hello.protocol > peer.protocol && manifest.epoch == peer.manifest.epoch;
+            if manifest.epoch < peer.manifest.epoch
+                || (manifest.epoch == peer.manifest.epoch && !upgrade)
+            {
+                return Ok(false);
+            }
         }
         self.peer = Some(PeerView {
             manifest: Arc::new(manifest),
             limits,
+            protocol: hello.protocol,
         });
         Ok(true)
     }
@@ -791,9 +1067,13 @@ impl<W, J: Work> SessionCore<W, J> {
             route: job.route(),
             epoch: job.answer_epoch(),
             durable: job.durable(),
+            stream: job.is_stream(),
         };
         if ticket.is_request() {
             self.running.insert(ticket.req_id.clone(), ticket.id);
+            if ticket.stream {
+                self.streams.serve(ticket.req_id.clone(), ticket.id);
+            }
             self.events.push_back(Event::Run(ticket, job));
         } else if self.inflight() < self.limits.max_inflight && self.parked.is_empty() {
             self.running_notifications += 1;
@@ -828,6 +1108,20 @@ impl<W, J: Work> SessionCore<W, J> {
     ) {
         if ticket.is_request() {
             let frame = codec::response(&ticket.req_id, result, self.max_frame());
+            if ticket.stream {
+                self.streams.unserve(&ticket.req_id);
+            }
+            // A stream's items are not kept: a repeat of an ended stream
+            // is told so, never given its end alone as if it were empty.
+            let remembered = if ticket.stream {
+                codec::error(
+                    &ticket.req_id,
+                    ErrorCode::Duplicate,
+                    "this stream has ended; its items are not kept",
+                )
+            } else {
+                frame.clone()
+            };
             let unfinished = matches!(
                 result,
                 Err(ErrorBody {
@@ -842,13 +1136,7 @@ impl<W, J: Work> SessionCore<W, J> {
             if ticket.durable && unfinished {
                 ledger.abandon(&ticket.req_id);
             } else {
-                ledger.complete(
-                    &ticket.req_id,
-                    ticket.route,
-                    ticket.epoch,
-                    frame.clone(),
-                    now,
-                );
+                ledger.complete(&ticket.req_id, ticket.route, ticket.epoch, remembered, now);
             }
             drop(ledger);
             if self.running.get(&ticket.req_id) == Some(&ticket.id) {
@@ -868,6 +1156,9 @@ impl<W, J: Work> SessionCore<W, J> {
     /// A job handed out by [`Event::Run`] will not run (the session is
     /// closing): it leaves no trace, so the same request may come again.
     pub(crate) fn discard(&mut self, ticket: Ticket) {
+        if ticket.stream {
+            self.streams.unserve(&ticket.req_id);
+        }
         if ticket.is_request() {
             self.ledger
                 .lock()
@@ -894,10 +1185,14 @@ pub(crate) mod tests {
 
     use crate::dispatch::{Dispatcher, Job};
 
-    pub(crate) fn core(d: &Dispatcher, now: Instant) -> SessionCore<u32, Job> {
+    pub(crate) fn core(d: &Dispatcher, now: Instant) -> SessionCore<u32, Job, u32> {
         SessionCore::new(
             REMOTE,
-            Bytes::from_static(b"our hello"),
+            Hellos {
+                v1: Bytes::from_static(b"our hello"),
+                v2: Bytes::from_static(b"our hello, v2"),
+                differ: false,
+            },
             limits(),
             d.ledger().partition(REMOTE),
             now,
@@ -923,7 +1218,7 @@ pub(crate) mod tests {
         out.into()
     }
 
-    fn sent(c: &mut SessionCore<u32, Job>) -> Vec<Frame> {
+    fn sent(c: &mut SessionCore<u32, Job, u32>) -> Vec<Frame> {
         let mut frames = Vec::new();
         c.transmit::<()>(usize::MAX, |r| {
             frames.push(decode_frame(r).unwrap().to_frame().unwrap());
@@ -933,7 +1228,7 @@ pub(crate) mod tests {
         frames
     }
 
-    fn open(d: &Dispatcher, now: Instant) -> SessionCore<u32, Job> {
+    fn open(d: &Dispatcher, now: Instant) -> SessionCore<u32, Job, u32> {
         let mut c = core(d, now);
         let mut first = Vec::new();
         c.transmit::<()>(usize::MAX, |r| {
@@ -948,7 +1243,7 @@ pub(crate) mod tests {
         c
     }
 
-    fn runs(c: &mut SessionCore<u32, Job>) -> Vec<(Ticket, Job)> {
+    fn runs(c: &mut SessionCore<u32, Job, u32>) -> Vec<(Ticket, Job)> {
         let mut jobs = Vec::new();
         while let Some(e) = c.poll_event() {
             if let Event::Run(t, j) = e {

@@ -1,0 +1,70 @@
+//! `core.protocol`: which wire protocol versions a node speaks. Listing it
+//! in the manifest is how a node tells its peers, in a first hello that a
+//! version-1 peer reads as any other, that it also speaks a later version
+//! (WIRE.md 4.1); `versions` answers the list.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{Manifest, VerbManifest};
+use crate::monitoring::NoArgs;
+use crate::{VerbKind, verb};
+
+/// The id of the protocol capability.
+pub const CORE_PROTOCOL: &str = "core.protocol";
+
+/// Result of `core.protocol/versions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VersionsReply {
+    /// The protocol versions the node speaks, lowest first.
+    pub versions: Vec<u32>,
+}
+
+verb! {
+    /// `core.protocol/versions` (bootstrap): the protocol versions the node
+    /// speaks.
+    pub struct ProtocolVersions: request "core.protocol" / "versions", Bootstrap, NoArgs => VersionsReply;
+}
+
+impl Manifest {
+    /// The highest protocol version this manifest's node says it speaks:
+    /// the major version of its `core.protocol` capability, and 1 when it
+    /// lists none (every node speaks version 1).
+    ///
+    /// ```
+    /// use capwire_manifest::{MonitoringHandlers, MonitoringStatus, NodeInfo, Registry};
+    /// let info = NodeInfo::new(capwire_envelope::NodeId::from_bytes([1; 32]), "app");
+    /// let registry = Registry::builder(info, MonitoringHandlers { bind: (), disable: () })
+    ///     .build()
+    ///     .unwrap();
+    /// let manifest = registry.manifest(MonitoringStatus::Off, 1);
+    /// assert_eq!(manifest.protocol(), 1, "no core.protocol: version 1 only");
+    /// ```
+    pub fn protocol(&self) -> u32 {
+        self.capability(CORE_PROTOCOL).map_or(1, |c| {
+            u32::try_from(c.version.major).unwrap_or(u32::MAX).max(1)
+        })
+    }
+
+    /// Whether any verb is a stream verb (protocol 2).
+    pub fn has_streams(&self) -> bool {
+        self.capabilities
+            .iter()
+            .any(|c| c.verbs.iter().any(|v| v.kind == VerbKind::Stream))
+    }
+
+    /// The manifest as a version-1 peer is shown it: without its stream
+    /// verbs, and without the capabilities that then have no verb left
+    /// (a capability lists at least one). Epoch and everything else as
+    /// they are.
+    pub fn without_streams(&self) -> Manifest {
+        let mut m = self.clone();
+        for cap in &mut m.capabilities {
+            cap.verbs
+                .retain(|v: &VerbManifest| v.kind != VerbKind::Stream);
+        }
+        m.capabilities.retain(|c| !c.verbs.is_empty());
+        m
+    }
+}
