@@ -143,6 +143,9 @@ mod serde_bytes_compat {
                 Ok(v)
             }
         }
-        d.deserialize_bytes(V)
+        // `deserialize_byte_buf`, not `deserialize_bytes`: ciborium reads
+        // the latter only into its scratch buffer (256 bytes here), so a
+        // longer value would not read back.
+        d.deserialize_byte_buf(V)
     }
 }

@@ -147,6 +147,35 @@ fn made_dir() -> (tempfile::TempDir, std::path::PathBuf, NodeId) {
 // ---- the store ----
 
 #[test]
+fn long_answers_and_configurations_read_back_after_reopening() {
+    // Byte strings longer than the decoder's scratch buffer (256 bytes):
+    // a remembered answer of a member with a long bio, a configuration of
+    // a few KiB.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join(STORE_FILE);
+    let (store, _) = open_store(&path);
+    let long = |n: usize| -> Vec<u8> { capwire_envelope::to_vec(&"x".repeat(n)).expect("encodes") };
+    let mut answer = answer(1, "r1", 2);
+    answer.body = long(4096);
+    let config = ConfigRecord {
+        version: 1,
+        value: long(60 * 1024),
+    };
+    store
+        .commit(&Batch {
+            config: Some(config.clone()),
+            put_answers: vec![answer.clone()],
+            ..Batch::default()
+        })
+        .expect("commit");
+    drop(store);
+    let (store, _) = open_store(&path);
+    let loaded = store.load().expect("a long record reads back");
+    assert_eq!(loaded.config, Some(config));
+    assert_eq!(loaded.answers, vec![answer]);
+}
+
+#[test]
 fn every_record_kind_round_trips_and_survives_reopening() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let path = tmp.path().join(STORE_FILE);
