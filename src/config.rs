@@ -117,7 +117,7 @@ pub struct Limits {
     pub stream_window_items: u32,
     /// Bytes of items (each item's encoded value) a stream this node calls
     /// may have on their way or waiting at once; no one item may be larger.
-    /// Default 1 MiB.
+    /// Default 256 KiB.
     pub stream_window_bytes: u32,
     /// Bytes of window the streams this node calls on one session may hold
     /// in all: the most their items can buffer. A stream beyond it fails
@@ -163,7 +163,7 @@ impl Default for Limits {
             copy_queue_bytes: 4 << 20,
             copy_body_max: 32 << 10,
             stream_window_items: 256,
-            stream_window_bytes: 1 << 20,
+            stream_window_bytes: 256 << 10,
             max_stream_window_bytes_per_session: 64 << 20,
             stream_idle_timeout: Duration::from_secs(60),
         }

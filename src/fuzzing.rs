@@ -189,7 +189,19 @@ fn run_events(
             any = true;
             if let Event::Run(ticket, job) = event {
                 check_job(&job, bound, seen);
-                let f = match job::start(d, &job, REMOTE, &parent, now, 1 << 20, None, &mut task) {
+                let f = match job::start(
+                    d,
+                    &job,
+                    REMOTE,
+                    &parent,
+                    now,
+                    crate::dispatch::extract::Channel {
+                        reply_room: 1 << 20,
+                        version: 1,
+                    },
+                    None,
+                    &mut task,
+                ) {
                     Started::Done(f) => f,
                     // A handler that waits is cancelled at once.
                     Started::Waiting { .. } => Finished::cancelled(),

@@ -106,7 +106,7 @@ pub use monitoring::{
     BindArgs, BindReply, CORE_MONITORING, CopyDirection, CopyRecord, MonitoringBind,
     MonitoringCopy, MonitoringDisable, MonitoringStatusRead, MonitoringStatusReply, NoArgs,
 };
-pub use protocol::{CORE_PROTOCOL, ProtocolVersions, VersionsReply};
+pub use protocol::{CORE_PROTOCOL, PARTIAL_VIEW, ProtocolVersions, VersionsReply};
 pub use registry::{MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo};
 pub use requirement::CapRequirement;
 // The schema crate of `VerbDef::Args` and `Output`, so that an app derives

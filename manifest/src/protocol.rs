@@ -13,6 +13,11 @@ use crate::{VerbKind, verb};
 /// The id of the protocol capability.
 pub const CORE_PROTOCOL: &str = "core.protocol";
 
+/// The `params` of `core.protocol` in a version-1 view that left stream
+/// verbs out ([`Manifest::without_streams`]): a version-2 peer that sees it
+/// knows that a hello with the whole manifest follows (WIRE.md 4.1).
+pub const PARTIAL_VIEW: &str = "version-1 view";
+
 /// Result of `core.protocol/versions`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -56,15 +61,34 @@ impl Manifest {
 
     /// The manifest as a version-1 peer is shown it: without its stream
     /// verbs, and without the capabilities that then have no verb left
-    /// (a capability lists at least one). Epoch and everything else as
-    /// they are.
+    /// (a capability lists at least one). When anything was left out,
+    /// `core.protocol`'s `params` says so ([`PARTIAL_VIEW`]). Epoch and
+    /// everything else as they are.
     pub fn without_streams(&self) -> Manifest {
         let mut m = self.clone();
+        let mut hidden = false;
         for cap in &mut m.capabilities {
+            let before = cap.verbs.len();
             cap.verbs
                 .retain(|v: &VerbManifest| v.kind != VerbKind::Stream);
+            hidden |= cap.verbs.len() != before;
         }
         m.capabilities.retain(|c| !c.verbs.is_empty());
+        if hidden
+            && let Some(p) = m
+                .capabilities
+                .iter_mut()
+                .find(|c| c.id.as_str() == CORE_PROTOCOL)
+        {
+            p.params = Some(PARTIAL_VIEW.to_owned());
+        }
         m
+    }
+
+    /// Whether this is a version-1 view that left stream verbs out (its
+    /// `core.protocol` says [`PARTIAL_VIEW`]).
+    pub fn is_partial_view(&self) -> bool {
+        self.capability(CORE_PROTOCOL)
+            .is_some_and(|c| c.params.as_deref() == Some(PARTIAL_VIEW))
     }
 }

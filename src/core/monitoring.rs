@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use capwire_authz::{BindUndo, Binding, Refused};
 use capwire_envelope::{
-    ErrorBody, ErrorCode, FrameRef, MAX_DEPTH, NodeId, RawValue, decode_frame, validate_nested,
+    ErrorBody, ErrorCode, FrameRef, MAX_DEPTH, NodeId, PROTOCOL_V2, RawValue, decode_frame,
+    validate_nested,
 };
 use capwire_manifest::{
     BindArgs, BindReply, ConfigValue, CopyDirection, CopyRecord, Manifest, MonitoringBind,
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::events::ControlEvent;
 use crate::core::state::{Core, CoreState, Durable, config_value};
-use crate::dispatch::extract::{ReplyRoom, Sender};
+use crate::dispatch::extract::{Channel, Sender};
 use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
 use crate::tap::{Tapped, Way};
 
@@ -92,14 +93,24 @@ fn precheck(
 async fn bind(
     args: BindArgs,
     Sender(from): Sender,
-    ReplyRoom(room): ReplyRoom,
+    channel: Channel,
     Core(core): Core,
 ) -> Result<BindReply, HandlerError> {
     // The binding changes at once (on the handler's first poll, in order
     // with the envelopes around it), but only once the code is right and
     // an answer is known to fit; the answer waits until the bind is
     // written, and a bind that cannot be written or answered is undone.
-    let (manifest, roster, config) = (core.control.manifest(), core.roster(), core.config());
+    // The answer carries the manifest as this session shows it (a
+    // version-1 peer is not shown stream verbs: WIRE.md 4.1).
+    let room = channel.reply_room;
+    let view = move |m: Manifest| {
+        if channel.version < PROTOCOL_V2 && m.has_streams() {
+            m.without_streams()
+        } else {
+            m
+        }
+    };
+    let (manifest, roster, config) = (view(core.control.manifest()), core.roster(), core.config());
     let current = core.control.binding().controller().copied();
     let (_, undo) = core
         .control
@@ -116,7 +127,7 @@ async fn bind(
         let mut d = c.durable.lock().await;
         let change = c.binding_change(&d);
         let completed = match bind_reply(
-            c.control.manifest(),
+            view(c.control.manifest()),
             &change.roster(&d),
             &config_value(&d.config),
             room,
@@ -203,7 +214,7 @@ impl CoreState {
 pub(crate) fn bind_handler() -> RouteHandler {
     Arc::new(RouteEntry::new(Typed::<
         MonitoringBind,
-        (Sender, ReplyRoom, Core),
+        (Sender, Channel, Core),
         _,
     >::new(bind)))
 }

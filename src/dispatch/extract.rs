@@ -62,8 +62,8 @@ pub struct Context {
     pub(crate) parent: CancellationToken,
     /// The job's own token, made when an extractor first asks for it.
     pub(crate) cancel: Option<CancellationToken>,
-    /// The largest frame that can carry the answer to the sender.
-    pub(crate) reply_room: usize,
+    /// The session the envelope came on.
+    pub(crate) channel: Channel,
     /// For a job serving a stream: where its items go.
     pub(crate) stream: Option<crate::net::streams::Served>,
 }
@@ -162,15 +162,20 @@ impl FromContext for Meta {
     }
 }
 
-/// The largest response frame the sender can take (the smaller of its
-/// `max_record` and ours): the core capabilities check that an answer fits
-/// before they change anything for it.
+/// What the runtime knows of the session an envelope came on: the
+/// largest response frame the sender can take (the smaller of its
+/// `max_record` and ours: the core capabilities check that an answer fits
+/// before they change anything for it) and the session's protocol version
+/// (which view of the manifest the sender is shown).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ReplyRoom(pub(crate) usize);
+pub(crate) struct Channel {
+    pub(crate) reply_room: usize,
+    pub(crate) version: u32,
+}
 
-impl FromContext for ReplyRoom {
+impl FromContext for Channel {
     fn from_context(cx: &mut Context) -> Result<Self, HandlerError> {
-        Ok(ReplyRoom(cx.reply_room))
+        Ok(cx.channel)
     }
 }
 

@@ -73,9 +73,8 @@ pub(crate) enum Started {
 
 /// Starts `job` for `sender` and polls it once with `task`'s waker, so a
 /// handler that does not wait costs no task and no wake-up. `parent` is
-/// the session's handler token; `reply_room` the largest frame that can
-/// carry the answer to the sender; `stream`, for a job serving a stream,
-/// where its items go.
+/// the session's handler token; `channel` what is known of the session;
+/// `stream`, for a job serving a stream, where its items go.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     dispatcher: &Dispatcher,
@@ -83,7 +82,7 @@ pub(crate) fn start(
     sender: NodeId,
     parent: &CancellationToken,
     now: Instant,
-    reply_room: usize,
+    channel: crate::dispatch::extract::Channel,
     stream: Option<crate::net::streams::Served>,
     task: &mut TaskContext<'_>,
 ) -> Started {
@@ -112,7 +111,7 @@ pub(crate) fn start(
         extensions: dispatcher.extensions().clone(),
         parent: parent.clone(),
         cancel: None,
-        reply_room,
+        channel,
         stream,
     };
     let handler = job.permit.handler().handler();

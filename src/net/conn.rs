@@ -37,6 +37,7 @@ use tokio::time::Sleep;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
+use crate::dispatch::extract::Channel;
 use crate::dispatch::job::{self, Finished, Started};
 use crate::dispatch::{Dispatcher, Job};
 use crate::net::io::{Reader, Writer};
@@ -401,9 +402,13 @@ impl Driver {
                     self.events.push(e);
                 }
             }
-            let (closing, reply_room) = {
+            let (closing, channel) = {
                 let core = self.session.lock();
-                (core.is_closing(), core.max_frame())
+                let channel = Channel {
+                    reply_room: core.max_frame(),
+                    version: core.version(),
+                };
+                (core.is_closing(), channel)
             };
             let mut events = std::mem::take(&mut self.events);
             for event in events.drain(..) {
@@ -454,7 +459,7 @@ impl Driver {
                             self.session.remote(),
                             self.session.handlers(),
                             now,
-                            reply_room,
+                            channel,
                             stream,
                             cx,
                         );

@@ -881,6 +881,7 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
                 self.close(CloseCode::ProtocolError, &reason, true);
                 return;
             };
+            let first = self.peer.is_none();
             if let Err((code, reason)) = self.accept_hello(&hello) {
                 self.close(code, &reason, true);
                 return;
@@ -888,15 +889,27 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
             // Both sides speak protocol 2 (ours lists it in every
             // manifest): from now on it is a version-2 session, and the
             // peer is shown our whole manifest.
-            if self
-                .peer
-                .as_ref()
-                .is_some_and(|p| p.manifest.protocol() >= PROTOCOL_V2)
+            if first
+                && self
+                    .peer
+                    .as_ref()
+                    .is_some_and(|p| p.manifest.protocol() >= PROTOCOL_V2)
             {
                 self.version = PROTOCOL_V2;
                 if self.hellos.differ {
                     self.update = Some(self.hellos.v2.clone());
                 }
+            }
+            // A version-2 peer whose first hello left stream verbs out
+            // sends its whole manifest next: the session opens with it, so
+            // that nobody sees the partial view as the peer's manifest.
+            if self.version >= PROTOCOL_V2
+                && self
+                    .peer
+                    .as_ref()
+                    .is_some_and(|p| p.manifest.is_partial_view())
+            {
+                return;
             }
             self.phase = Phase::Open;
             self.events.push_back(Event::Opened);

@@ -3,8 +3,9 @@
 //! a process host) have something to call: `echo` (bootstrap) answers
 //! with the node's name, `note` (bootstrap notification) is counted and
 //! logged, `ask` (controller) makes the node call another node's `echo`,
-//! and `probe` (controller) makes it call any verb of another node and
-//! say what came back (the demo uses it to show a denial between agents).
+//! `probe` (controller) makes it call any verb of another node and say
+//! what came back (the demo uses it to show a denial between agents), and
+//! `tell` (bootstrap stream, protocol 2) streams its answer word by word.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use capwire::envelope::RawValue;
 use capwire::manifest::{NoArgs, verb};
-use capwire::{Capability, HandlerError, NodeHandle, NodeId, Sender, State};
+use capwire::{Capability, HandlerError, Items, NodeHandle, NodeId, Sender, State};
 use serde::{Deserialize, Serialize};
 
 verb! {
@@ -59,6 +60,12 @@ verb! {
     pub(crate) struct Probe: request "app.agent" / "probe", Controller, ProbeArgs => String;
 }
 
+verb! {
+    /// `app.agent/tell` (stream): the words of `NAME: TEXT`, one item each,
+    /// as the caller takes them.
+    pub(crate) struct Tell: stream "app.agent" / "tell", Bootstrap, String => String;
+}
+
 /// The node's name, for `echo`, and how many notes it got.
 #[derive(Debug, Clone)]
 pub(crate) struct AgentName(pub(crate) String, pub(crate) Arc<AtomicU64>);
@@ -71,6 +78,18 @@ impl AgentName {
 
 async fn echo(text: String, State(name): State<AgentName>) -> Result<String, HandlerError> {
     Ok(format!("{}: {text}", name.0))
+}
+
+async fn tell(
+    text: String,
+    mut words: Items<String>,
+    State(name): State<AgentName>,
+) -> Result<(), HandlerError> {
+    let answer = format!("{}: {text}", name.0);
+    for word in answer.split_whitespace() {
+        words.send(word.to_owned()).await?;
+    }
+    Ok(())
 }
 
 async fn note(
@@ -117,7 +136,8 @@ pub(crate) fn capability() -> Capability {
             .handle(Echo, echo)
             .handle(Note, note)
             .handle(Ask, ask)
-            .handle(Probe, probe),
+            .handle(Probe, probe)
+            .stream(Tell, tell),
         // "1.0.0" is a valid version.
         Err(_) => unreachable!("app.agent's version is valid"),
     }
