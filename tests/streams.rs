@@ -474,3 +474,42 @@ async fn many_streams_at_once_on_one_session() {
     c.shutdown().await;
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_every_stream_within_its_bound() {
+    let quick = Limits {
+        shutdown_grace: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let (s, probe, c, peer) = pair(quick.clone(), Limits::default()).await;
+    let mut open = Vec::new();
+    for _ in 0..20 {
+        let mut st = peer.stream(Forever, ()).await.unwrap();
+        st.next().await.unwrap().unwrap();
+        open.push(st);
+    }
+    assert_eq!(s.stats().streams_served, 20);
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(GUARD, s.shutdown()).await.unwrap();
+    let bound = quick.shutdown_grace + quick.close_timeout + Duration::from_millis(350);
+    assert!(
+        started.elapsed() <= bound + Duration::from_millis(500),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(probe.ended.load(Ordering::SeqCst), 20, "every handler stopped");
+    for mut st in open {
+        // Items already on their way may come first; then the end.
+        let end = loop {
+            match tokio::time::timeout(GUARD, st.next()).await.unwrap() {
+                Some(Ok(_)) => {}
+                other => break other,
+            }
+        };
+        assert!(
+            matches!(end, Some(Err(_))),
+            "each stream ends with an error: {end:?}"
+        );
+    }
+    c.shutdown().await;
+}
