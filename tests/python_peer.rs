@@ -2,6 +2,9 @@
 //! `tests/python/peer.py`, written from WIRE.md alone on Python's
 //! `noiseprotocol` and `cbor2`, handshakes, reads the hello, calls,
 //! is denied, binds, notifies and closes (WIRE.md, Interoperability).
+//! `tests/python/peer_v2.py`, on the same transport, agrees on protocol 2
+//! and streams with credit (WIRE.md 4.1, 4.9), and checks that a
+//! version-1 session is still served as version 1.
 //!
 //! The packages go into a virtual environment under the target directory
 //! (`target/pyvenv`, which `.ci/run` prepares), reused while it holds the
@@ -11,6 +14,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Kills the child when the test ends, however it ends.
@@ -76,6 +80,9 @@ fn run(cmd: &mut Command) -> Result<std::process::Output, String> {
 
 /// The venv's python, with the pinned requirements installed.
 fn python() -> Option<PathBuf> {
+    // The tests of this file run at once; one of them makes the venv.
+    static SETUP: Mutex<()> = Mutex::new(());
+    let _one = SETUP.lock().unwrap_or_else(PoisonError::into_inner);
     let venv = venv_dir();
     let python = venv.join("bin").join("python");
     let requirements = repo().join("tests/python/requirements.txt");
@@ -130,14 +137,18 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-#[test]
-fn an_independent_python_peer_speaks_wire_md_with_a_real_node() {
-    let started = Instant::now();
-    let Some(python) = python() else {
-        return;
-    };
-    let setup = started.elapsed();
+/// What one run of a peer script against a fresh `capwire node` printed.
+struct PeerRun {
+    stdout: String,
+    report: String,
+}
 
+/// Starts a `capwire node`, runs `script` (in tests/python) with the node's
+/// address and id and the `extra` arguments `args` makes from its invite,
+/// and returns what it printed once it exited 0 with the node still up.
+/// `None` when the test is to be skipped.
+fn run_peer(script: &str, args: impl Fn(&str) -> Vec<String>) -> Option<PeerRun> {
+    let python = python()?;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let node_log = dir.path().join("node.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_capwire"))
@@ -160,12 +171,13 @@ fn an_independent_python_peer_speaks_wire_md_with_a_real_node() {
     let invite = start["invite"].as_str().expect("an invite");
 
     let mut peer = Command::new(&python)
-        .arg(repo().join("tests/python/peer.py"))
-        .args([addr, node_id, invite])
+        .arg(repo().join("tests/python").join(script))
+        .args([addr, node_id])
+        .args(args(invite))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("peer.py starts");
+        .expect("the peer script starts");
     let mut out = peer.stdout.take().expect("stdout");
     let mut err = peer.stderr.take().expect("stderr");
     let readers = (
@@ -183,7 +195,7 @@ fn an_independent_python_peer_speaks_wire_md_with_a_real_node() {
     let mut peer = Killed(peer);
     let deadline = Instant::now() + PEER_DEADLINE;
     let status = loop {
-        if let Some(status) = peer.0.try_wait().expect("peer.py's status") {
+        if let Some(status) = peer.0.try_wait().expect("the peer's status") {
             break Some(status);
         }
         if Instant::now() > deadline {
@@ -196,48 +208,96 @@ fn an_independent_python_peer_speaks_wire_md_with_a_real_node() {
     let stderr = readers.1.join().expect("stderr read");
     let node_alive = node.0.try_wait().expect("the node's status").is_none();
     let report = format!(
-        "peer.py stdout:\n{stdout}\npeer.py stderr:\n{stderr}\nnode log:\n{}",
+        "{script} stdout:\n{stdout}\n{script} stderr:\n{stderr}\nnode log:\n{}",
         tail(&node_log)
     );
-    let status = status.unwrap_or_else(|| panic!("peer.py ran over {PEER_DEADLINE:?}\n{report}"));
-    assert!(status.success(), "peer.py: {status}\n{report}");
+    let status = status.unwrap_or_else(|| panic!("{script} ran over {PEER_DEADLINE:?}\n{report}"));
+    assert!(status.success(), "{script}: {status}\n{report}");
     assert!(node_alive, "the node exited during the run\n{report}");
+    Some(PeerRun { stdout, report })
+}
 
-    for expected in [
-        "ok   vectors: ",
-        "ok   handshake with prologue capwire/2 fails at message 2",
-        "ok   a first record that is not a hello -> close frame protocol_error, then CLOSE 0",
-        "ok   handshake: Noise_XX_25519_ChaChaPoly_BLAKE2s, prologue capwire/1",
-        "ok   hello: protocol 1, ",
-        "ok   app.agent/echo -> 'capwire-node: hello from python'",
-        "ok   app.agent/echo of 200000 bytes: split records (FIRST/NEXT) both ways",
-        "ok   keepalives taken; app.agent/nope -> unknown_verb",
-        "ok   core.configuration/get_config before bind -> unauthorized",
-        "ok   core.monitoring/bind with a wrong code -> bind_failed",
-        "ok   core.monitoring/bind with the invite's code -> bound",
-        "ok   later hello: monitoring \"on\"",
-        "ok   core.configuration/get_config as the control plane -> {'value': None, 'version': 0}",
-        "ok   core.cluster/roster notification: nothing came back",
-        "ok   close: sent close frame + CLOSE 0",
-    ] {
+/// Every line is a check that passed, each of `expected` is among them,
+/// and `last` closes the output.
+fn assert_checks(run: &PeerRun, expected: &[&str], last: &str) {
+    let PeerRun { stdout, report } = run;
+    for expected in expected {
         assert!(
             stdout.lines().any(|l| l.starts_with(expected)),
             "no line {expected:?}\n{report}"
         );
     }
-    assert_eq!(
-        stdout.lines().last(),
-        Some("pypeer: all checks passed"),
+    assert_eq!(stdout.lines().last(), Some(last), "{report}");
+    assert!(
+        stdout.lines().all(|l| l.starts_with("ok   ") || l == last),
         "{report}"
     );
-    assert!(
-        stdout
-            .lines()
-            .all(|l| l.starts_with("ok   ") || l == "pypeer: all checks passed"),
-        "{report}"
+}
+
+#[test]
+fn an_independent_python_peer_speaks_wire_md_with_a_real_node() {
+    let started = Instant::now();
+    let Some(run) = run_peer("peer.py", |invite| vec![invite.to_owned()]) else {
+        return;
+    };
+    assert_checks(
+        &run,
+        &[
+            "ok   vectors: ",
+            "ok   handshake with prologue capwire/2 fails at message 2",
+            "ok   a first record that is not a hello -> close frame protocol_error, then CLOSE 0",
+            "ok   handshake: Noise_XX_25519_ChaChaPoly_BLAKE2s, prologue capwire/1",
+            "ok   hello: protocol 1, ",
+            "ok   app.agent/echo -> 'capwire-node: hello from python'",
+            "ok   app.agent/echo of 200000 bytes: split records (FIRST/NEXT) both ways",
+            "ok   keepalives taken; app.agent/nope -> unknown_verb",
+            "ok   core.configuration/get_config before bind -> unauthorized",
+            "ok   core.monitoring/bind with a wrong code -> bind_failed",
+            "ok   core.monitoring/bind with the invite's code -> bound",
+            "ok   later hello: monitoring \"on\"",
+            "ok   core.configuration/get_config as the control plane -> {'value': None, 'version': 0}",
+            "ok   core.cluster/roster notification: nothing came back",
+            "ok   close: sent close frame + CLOSE 0",
+        ],
+        "pypeer: all checks passed",
+    );
+    eprintln!("python peer: whole test {:?}", started.elapsed());
+}
+
+#[test]
+fn the_python_peer_speaks_protocol_2_streams_with_a_real_node() {
+    let started = Instant::now();
+    let wire_md = repo().join("WIRE.md").display().to_string();
+    let Some(run) = run_peer("peer_v2.py", |_| vec![wire_md.clone()]) else {
+        return;
+    };
+    assert_checks(
+        &run,
+        &[
+            "ok   4.9 worked example: control, credit, item, response bytes as printed (57, 40, 31, 36)",
+            "ok   hellos: protocol 1 with the version-1 view (no stream verb, core.protocol 2.0.0 params \
+             'version-1 view'), then protocol 2 at the same epoch ",
+            "ok   core.protocol/versions -> {'versions': [1, 2]}",
+            "ok   stream app.agent/tell of ",
+            "ok   byte credit: 100 more items but bytes for 3 items and all but one byte of the 4th: 3 items",
+            "ok   item credit: bytes to spare, items left 96: 96 items, then nothing",
+            "ok   two grants of 2^32-1 items and bytes: the other ",
+            "ok   streams refused or ended by the node: bad_args (no item), too_large",
+            "ok   app.agent/tell as a notification: dropped, nothing came back",
+            "ok   cancel mid-way (3 items taken, credit for 10 more and the cancel in one message): ",
+            "ok   a repeated req_id of an open stream -> duplicate",
+            "ok   a repeated req_id of an ended stream -> duplicate",
+            "ok   credit for an unknown req_id and for an ended stream, an item for no call: ignored",
+            "ok   version-1 session: the version-1 view, no protocol-2 hello; app.agent/tell -> unknown_verb",
+            "ok   a credit frame on a version-1 session -> close protocol_error, then CLOSE 0",
+            "ok   an item frame on a version-1 session -> close protocol_error, then CLOSE 0",
+            "ok   a first hello naming protocol 2 -> close unsupported_protocol, then CLOSE 0",
+            "ok   close: sent close frame + CLOSE 0",
+        ],
+        "pypeer v2: all checks passed",
     );
     eprintln!(
-        "python peer: setup {setup:?}, whole test {:?}",
+        "python peer, protocol 2: whole test {:?}",
         started.elapsed()
     );
 }

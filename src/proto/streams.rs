@@ -140,8 +140,13 @@ impl<S> Streams<S> {
         s.items = (s.items + u64::from(items)).min(MAX_CREDIT);
         s.bytes = (s.bytes + u64::from(bytes)).min(MAX_CREDIT);
         s.window_bytes.get_or_insert(u64::from(bytes));
-        let waiting = std::mem::take(&mut s.waiting);
-        (waiting && s.items > 0).then_some(s.job)
+        // A grant that leaves no item to send wakes nobody, and the handler
+        // still waits: the grant that gives it an item must wake it.
+        let wake = s.waiting && s.items > 0;
+        if wake {
+            s.waiting = false;
+        }
+        wake.then_some(s.job)
     }
 
     /// Takes the credit for one item of `len` bytes of the stream
@@ -316,6 +321,19 @@ mod tests {
             None,
             "a grant for nothing is ignored"
         );
+    }
+
+    #[test]
+    fn a_grant_of_no_item_keeps_the_handler_waiting_for_the_next() {
+        let mut s: Streams<()> = Streams::default();
+        s.serve(id("a"), 7);
+        assert_eq!(s.grant(&id("a"), 1, 100), None, "nobody waits yet");
+        assert_eq!(s.spend(&id("a"), 10), Ok(()));
+        assert_eq!(s.spend(&id("a"), 10), Err(Held::NoCredit));
+        assert_eq!(s.grant(&id("a"), 0, 0), None, "still no item to send");
+        assert_eq!(s.grant(&id("a"), 0, 50), None, "bytes alone send nothing");
+        assert_eq!(s.grant(&id("a"), 3, 0), Some(7), "the waiting job wakes");
+        assert_eq!(s.spend(&id("a"), 10), Ok(()));
     }
 
     #[test]

@@ -346,8 +346,10 @@ CORE = {
 }
 
 
-def check_manifest(m, node_id, where):
-    """3.1, every rule, plus the core capabilities' verbs (3.3, section 5)."""
+def check_manifest(m, node_id, where, kinds=("request", "notification")):
+    """3.1, every rule, plus the core capabilities' verbs (3.3, section 5).
+    `kinds`: the verb kinds the hello may carry (a protocol-2 hello adds
+    `stream`, 3.1)."""
     check_map(m, [("node_id", bytes32, True), ("app_id", text(64), True), ("name", text(128), True),
                   ("description", text(1024), True), ("epoch", uint(), True),
                   ("monitoring", one_of("off", "pending", "on"), True),
@@ -363,7 +365,7 @@ def check_manifest(m, node_id, where):
         verbs = {}
         for verb in cap["verbs"]:
             check_map(verb, [("name", lambda v: text(64)(v) and SEG_RE.match(v), True),
-                             ("kind", one_of("request", "notification"), True),
+                             ("kind", one_of(*kinds), True),
                              ("class", one_of("bootstrap", "controller"), True),
                              ("args_schema", text_or_null(16384), True),
                              ("result_schema", text_or_null(16384), True)], f"{where}: {cap['id']} verb")
