@@ -438,7 +438,8 @@ async fn streams_go_both_ways_on_one_session_whoever_dialled() {
     let (a, _) = server(Limits::default()).await;
     let (b, _) = server(Limits::default()).await;
     let a_to_b = a.connect(&b.local_addrs()[0], Some(b.id())).await.unwrap();
-    let b_to_a = b.peer(a.id());
+    // B knows the session once A's hellos have arrived.
+    let b_to_a = b.wait_for_peer(a.id(), GUARD).await.unwrap();
     let mut one = a_to_b.stream(Count, 100).await.unwrap();
     let mut two = b_to_a.stream(Count, 100).await.unwrap();
     let (mut x, mut y) = (0u32, 0u32);
@@ -497,7 +498,11 @@ async fn shutdown_releases_every_stream_within_its_bound() {
         "shutdown took {:?}",
         started.elapsed()
     );
-    assert_eq!(probe.ended.load(Ordering::SeqCst), 20, "every handler stopped");
+    assert_eq!(
+        probe.ended.load(Ordering::SeqCst),
+        20,
+        "every handler stopped"
+    );
     for mut st in open {
         // Items already on their way may come first; then the end.
         let end = loop {

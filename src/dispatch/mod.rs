@@ -257,12 +257,12 @@ impl Admission for Dispatcher {
                 ));
             }
             // A version-1 peer is not shown stream verbs: for it there is
-            // no such verb.
+            // no such verb, and it is told so in the chokepoint's words.
             (VerbKind::Stream, false) if version < kind.since() => {
                 self.metrics.count(route, Outcome::WrongKind);
                 return Admit::Answer(ErrorBody::new(
                     ErrorCode::UnknownVerb,
-                    "this verb is a stream, which needs protocol 2",
+                    "the capability has no verb with this exact name",
                 ));
             }
             _ => {}

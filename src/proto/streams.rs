@@ -139,7 +139,10 @@ impl<S> Streams<S> {
         let s = self.served.get_mut(req_id)?;
         s.items = (s.items + u64::from(items)).min(MAX_CREDIT);
         s.bytes = (s.bytes + u64::from(bytes)).min(MAX_CREDIT);
-        s.window_bytes.get_or_insert(u64::from(bytes));
+        // The first grant with bytes is the caller's window.
+        if bytes > 0 {
+            s.window_bytes.get_or_insert(u64::from(bytes));
+        }
         // A grant that leaves no item to send wakes nobody, and the handler
         // still waits: the grant that gives it an item must wake it.
         let wake = s.waiting && s.items > 0;
@@ -334,6 +337,17 @@ mod tests {
         assert_eq!(s.grant(&id("a"), 0, 50), None, "bytes alone send nothing");
         assert_eq!(s.grant(&id("a"), 3, 0), Some(7), "the waiting job wakes");
         assert_eq!(s.spend(&id("a"), 10), Ok(()));
+    }
+
+    #[test]
+    fn the_window_is_the_first_grant_with_bytes() {
+        let mut s: Streams<()> = Streams::default();
+        s.serve(id("w"), 1);
+        s.grant(&id("w"), 4, 0);
+        assert_eq!(s.spend(&id("w"), 10), Err(Held::NoCredit), "no bytes yet");
+        s.grant(&id("w"), 0, 100);
+        assert_eq!(s.spend(&id("w"), 10), Ok(()));
+        assert_eq!(s.spend(&id("w"), 101), Err(Held::LargerThanWindow));
     }
 
     #[test]
