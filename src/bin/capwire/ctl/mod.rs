@@ -114,11 +114,11 @@ pub(crate) enum CtlCommand {
         notify: bool,
         /// Open a stream (a verb of kind `stream`) and print each item as
         /// it arrives: a line of JSON each, or with --json the records
-        /// {"kind":"item","seq":N,"item":...} and a last one, {"kind":"end",
-        /// "items":N}. --timeout bounds the wait for the stream to open and
-        /// for each next item, not the whole stream. Ctrl-C cancels the
-        /// stream at the node (the record {"kind":"cancelled","items":N},
-        /// exit code 0).
+        /// {"kind":"item","seq":N,"item":...} and a last one,
+        /// {"kind":"end","items":N}. --timeout bounds the wait for the
+        /// stream to open and for each next item, not the whole stream.
+        /// Ctrl-C cancels the stream at the node (the last record is then
+        /// {"kind":"cancelled","items":N}; exit code 0).
         #[arg(long)]
         #[serde(default)]
         stream: bool,
@@ -480,6 +480,9 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
     result
 }
 
+/// How long the output has, after an interrupt, to take the rest.
+const LAST_LINE: Duration = Duration::from_secs(5);
+
 /// Runs `command` and prints its records as they come. A long-running
 /// one (a watch, a stream) also ends at Ctrl-C or SIGTERM: the command is
 /// stopped (a stream is cancelled at the node) and, for a stream, the
@@ -528,12 +531,24 @@ async fn print_records(
         None => {
             stop(done).await;
             let record = serde_json::json!({"kind": "cancelled", "items": printer.items()});
-            let printed = if streaming {
-                printer.print(&record).await
-            } else {
-                printer.finish().await
+            let last = async {
+                if streaming {
+                    printer.print(&record).await
+                } else {
+                    printer.finish().await
+                }
             };
-            printed.map_err(|e| Failure::failed(format!("cannot write the output: {e}")))
+            // An output that takes nothing more (a reader that ignores
+            // Ctrl-C) does not keep this process.
+            match tokio::time::timeout(LAST_LINE, last).await {
+                Ok(printed) => {
+                    printed.map_err(|e| Failure::failed(format!("cannot write the output: {e}")))
+                }
+                Err(_) => Err(Failure::failed(format!(
+                    "the output took nothing for {} s after the interrupt",
+                    LAST_LINE.as_secs()
+                ))),
+            }
         }
     }
 }
