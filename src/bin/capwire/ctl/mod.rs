@@ -500,8 +500,12 @@ async fn print_records(
     let printing = async {
         while let Some(record) = records.recv().await {
             printer.print(&record).await?;
+            // Out as soon as nothing else is ready: one write for a burst.
+            if records.is_empty() {
+                printer.flush().await?;
+            }
         }
-        std::io::Result::Ok(())
+        printer.flush().await
     };
     // `None`: interrupted.
     let printed = if long_running {
@@ -533,10 +537,9 @@ async fn print_records(
             let record = serde_json::json!({"kind": "cancelled", "items": printer.items()});
             let last = async {
                 if streaming {
-                    printer.print(&record).await
-                } else {
-                    printer.finish().await
+                    printer.print(&record).await?;
                 }
+                printer.flush().await
             };
             // An output that takes nothing more (a reader that ignores
             // Ctrl-C) does not keep this process.

@@ -5,14 +5,15 @@ use std::fmt::Write as _;
 use serde_json::Value as Json;
 use tokio::io::AsyncWriteExt;
 
-/// Prints records on stdout, each as soon as it comes. Writing waits
-/// without holding up the runtime, so a reader that does not keep up (a
-/// pipe into a slow program) slows the command down, and Ctrl-C is still
-/// heard meanwhile. A line cut short by a print that was dropped is
-/// completed by the next print (or [`Printer::finish`]), so every line
-/// stays whole.
+/// Prints records on stdout. Writing waits without holding up the
+/// runtime, so a reader that does not keep up (a pipe into a slow
+/// program) slows the command down, and Ctrl-C is still heard meanwhile.
+/// Lines are buffered until [`Printer::flush`], which the caller does
+/// whenever no record waits, so a record is never held back while the
+/// next is awaited. A line cut short by a print that was dropped is
+/// completed by the next print (or flush): every line stays whole.
 pub(crate) struct Printer {
-    out: tokio::io::Stdout,
+    out: tokio::io::BufWriter<tokio::io::Stdout>,
     json: bool,
     /// The line being written, and how much of it is.
     line: Vec<u8>,
@@ -25,7 +26,7 @@ impl Printer {
     /// A printer of `--json` records (`json`) or of text for people.
     pub(crate) fn new(json: bool) -> Printer {
         Printer {
-            out: tokio::io::stdout(),
+            out: tokio::io::BufWriter::new(tokio::io::stdout()),
             json,
             line: Vec::new(),
             written: 0,
@@ -38,16 +39,17 @@ impl Printer {
         self.items
     }
 
-    /// Prints one record (nothing for a record that has no text).
+    /// Prints one record (nothing for a record that has no text), to the
+    /// buffer: [`Printer::flush`] sends it on.
     ///
     /// # Errors
     /// Stdout cannot be written (a closed pipe, say).
     ///
     /// # Cancel safety
     /// Dropped while it waits, the rest of its line is written by the
-    /// next call (or by [`Printer::finish`]): a line is never left cut.
+    /// next call (or by [`Printer::flush`]): a line is never left cut.
     pub(crate) async fn print(&mut self, record: &Json) -> std::io::Result<()> {
-        self.finish().await?;
+        self.finish_line().await?;
         let text = if self.json {
             record.to_string()
         } else {
@@ -62,14 +64,19 @@ impl Printer {
         self.line = text.into_bytes();
         self.line.push(b'\n');
         self.written = 0;
-        self.finish().await
+        self.finish_line().await
     }
 
-    /// Writes what is left of the last line, and flushes.
+    /// Writes what is left of the last line, and everything buffered.
     ///
     /// # Errors
     /// As [`Printer::print`].
-    pub(crate) async fn finish(&mut self) -> std::io::Result<()> {
+    pub(crate) async fn flush(&mut self) -> std::io::Result<()> {
+        self.finish_line().await?;
+        self.out.flush().await
+    }
+
+    async fn finish_line(&mut self) -> std::io::Result<()> {
         while self.written < self.line.len() {
             let n = self.out.write(&self.line[self.written..]).await?;
             if n == 0 {
@@ -79,7 +86,7 @@ impl Printer {
         }
         self.line.clear();
         self.written = 0;
-        self.out.flush().await
+        Ok(())
     }
 }
 
