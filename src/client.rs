@@ -345,11 +345,90 @@ impl Peer {
         self.stream_as::<V>(&args, Some(deadline)).await
     }
 
+    /// An untyped stream: any `cap` and `verb` text, args as raw CBOR,
+    /// each item as raw CBOR. For tools (and tests) that speak to stream
+    /// verbs they have no Rust type for; `deadline`, when given, bounds the
+    /// whole stream as in [`Peer::stream_within`].
+    ///
+    /// ```
+    /// use capwire::envelope::RawValue;
+    /// use capwire::manifest::verb;
+    /// use capwire::{Capability, HandlerError, Items, Node};
+    ///
+    /// verb! {
+    ///     /// Counts down to 1.
+    ///     struct Down: stream "app.count" / "down", Bootstrap, u32 => u32;
+    /// }
+    ///
+    /// async fn down(from: u32, mut items: Items<u32>) -> Result<(), HandlerError> {
+    ///     for n in (1..=from).rev() {
+    ///         items.send(n).await?;
+    ///     }
+    ///     Ok(())
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let server = Node::builder("counter")
+    ///     .listen("127.0.0.1:0".parse()?)
+    ///     .capability(Capability::new("app.count", "1.0.0")?.stream(Down, down))
+    ///     .start()
+    ///     .await?;
+    /// let client = Node::builder("client").start().await?;
+    /// let peer = client.connect(&server.local_addrs()[0], Some(server.id())).await?;
+    ///
+    /// let args = RawValue::encode(&3u32)?;
+    /// let mut items = peer.stream_raw("app.count", "down", &args, None).await?;
+    /// let mut got = Vec::new();
+    /// while let Some(item) = items.next().await {
+    ///     got.push(item?.decode::<u32>()?);
+    /// }
+    /// assert_eq!(got, [3, 2, 1]);
+    /// # client.shutdown().await;
+    /// # server.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Peer::stream`]; a verb the peer does not have is refused
+    /// (`unknown_verb`) as the stream's last item. Nothing checks that the
+    /// verb is a stream: a request verb opened this way runs once and its
+    /// answer is dropped (the stream ends with no item), so look its kind
+    /// up in [`Peer::manifest`] first.
+    ///
+    /// # Cancel safety
+    /// As [`Peer::stream`].
+    pub async fn stream_raw(
+        &self,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+        deadline: Option<Duration>,
+    ) -> Result<ItemStream<RawValue>, CallError> {
+        self.stream_with(deadline, |req_id, budget| {
+            codec::control(cap, verb, req_id, budget, args)
+        })
+        .await
+    }
+
     async fn stream_as<V: StreamVerb>(
         &self,
         args: &V::Args,
         deadline: Option<Duration>,
     ) -> Result<ItemStream<V::Output>, CallError> {
+        self.stream_with(deadline, |req_id, budget| {
+            codec::control_of(V::CAP, V::VERB, req_id, budget, args)
+        })
+        .await
+    }
+
+    /// Opens a stream whose control frame `encode` builds from its req_id
+    /// and budget.
+    async fn stream_with<T: serde::de::DeserializeOwned>(
+        &self,
+        deadline: Option<Duration>,
+        encode: impl FnOnce(&ReqId, Option<u64>) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+    ) -> Result<ItemStream<T>, CallError> {
         let defaults = self.peers.stream_defaults();
         let deadline_at = deadline.map(deadline_after);
         let open_by = deadline_at.unwrap_or_else(|| deadline_after(self.default_deadline));
@@ -364,8 +443,7 @@ impl Peer {
             u64::try_from(d.saturating_duration_since(Instant::now()).as_millis())
                 .unwrap_or(u64::MAX)
         });
-        let frame = codec::control_of(V::CAP, V::VERB, &req_id, budget, args)
-            .map_err(|e| CallError::Encode(e.to_string()))?;
+        let frame = encode(&req_id, budget).map_err(|e| CallError::Encode(e.to_string()))?;
         self.peers.tap().record(Way::Out, &self.id, &frame);
         let sink = session
             .open_stream(req_id.clone(), frame, defaults.window, open_by)

@@ -1001,3 +1001,525 @@ fn node_id_of(cp: &std::path::Path) -> String {
         .unwrap()
         .to_owned()
 }
+
+/// The kind of `verb` in a capability record.
+fn kind_of<'a>(cap: &'a Json, verb: &str) -> &'a str {
+    cap["verbs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == verb)
+        .unwrap_or_else(|| panic!("no verb {verb} in {cap}"))["kind"]
+        .as_str()
+        .unwrap()
+}
+
+/// `ctl call ... --stream` printed one line of JSON per item: the items.
+fn text_items(out: &cli_support::Out) -> Vec<String> {
+    out.stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<String>(l)
+                .unwrap_or_else(|e| panic!("not a JSON string: {l:?}: {e}"))
+        })
+        .collect()
+}
+
+/// The args of `app.agent/tell` for a text of `words` one-letter words.
+fn many_words(words: usize) -> String {
+    serde_json::to_string(&vec!["w"; words].join(" ")).unwrap()
+}
+
+/// Checks the records of a stream under --json: items numbered from 1,
+/// then one last record of `last_kind` that counts them; the items.
+fn json_items(records: &[Json], last_kind: &str) -> Vec<Json> {
+    let (last, items) = records.split_last().expect("at least the last record");
+    for (i, item) in items.iter().enumerate() {
+        assert_eq!(item["kind"], "item", "{item}");
+        assert_eq!(item["seq"], i + 1, "{item}");
+        assert_eq!(item.as_object().unwrap().len(), 3, "{item}");
+    }
+    assert_eq!(last["kind"], last_kind, "{last}");
+    assert_eq!(last["items"], items.len(), "{last}");
+    items.iter().map(|r| r["item"].clone()).collect()
+}
+
+#[test]
+fn call_stream_prints_each_item_and_the_manifest_shows_the_kind() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::start("alpha", &[]);
+    ctl_ok(&cp, &["bind", node.invite()]);
+
+    // The manifest says which verbs are streams.
+    let text = ctl_ok(&cp, &["manifest", "alpha"]).stdout;
+    let verb_line = |name: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} line in {text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(verb_line("tell"), ["tell", "stream", "bootstrap"]);
+    assert_eq!(verb_line("note"), ["note", "notification", "bootstrap"]);
+    let manifest = ctl_ok(&cp, &["--json", "manifest", "alpha"]).record();
+    let agent = capability(&manifest, "app.agent");
+    assert_eq!(kind_of(agent, "tell"), "stream");
+    assert_eq!(kind_of(agent, "echo"), "request");
+    assert_eq!(kind_of(agent, "note"), "notification");
+    assert_eq!(
+        kind_of(capability(&manifest, "core.protocol"), "versions"),
+        "request"
+    );
+
+    // Text: one line of JSON per item; the items make NAME: TEXT again.
+    let out = ctl_ok(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "\"hello streaming world\"",
+            "--stream",
+        ],
+    );
+    assert_eq!(
+        text_items(&out),
+        ["alpha:", "hello", "streaming", "world"],
+        "{out:#?}"
+    );
+    // Items that need escaping stay one line each.
+    let tricky = "tab\there \"quoted\" ünïcödé back\\slash";
+    let out = ctl_ok(
+        &cp,
+        &[
+            "call",
+            "--peer",
+            &node.id,
+            "app.agent",
+            "tell",
+            "--stream",
+            "--args",
+            &serde_json::to_string(tricky).unwrap(),
+        ],
+    );
+    let items = text_items(&out);
+    assert_eq!(
+        items.join(" "),
+        format!("alpha: {}", tricky.replace('\t', " "))
+    );
+    assert_eq!(out.stdout.lines().count(), 6, "{out:#?}");
+
+    // --json: an item record each, numbered, then the end.
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "\"one two\"",
+            "--stream",
+        ],
+    );
+    let records = out.records();
+    assert_eq!(
+        records[0],
+        json!({"kind": "item", "seq": 1, "item": "alpha:"})
+    );
+    assert_eq!(json_items(&records, "end"), ["alpha:", "one", "two"]);
+    assert_eq!(records.last().unwrap(), &json!({"kind": "end", "items": 3}));
+
+    // More items than the window (256 items): the credit is granted
+    // again as they are taken, and every one arrives, in order.
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            &many_words(1000),
+            "--stream",
+        ],
+    );
+    let items = json_items(&out.records(), "end");
+    assert_eq!(items.len(), 1001);
+    assert_eq!(items[0], "alpha:");
+    assert!(items[1..].iter().all(|w| w == "w"));
+
+    // A control plane that is not the node's controller may call it too:
+    // tell is a bootstrap verb.
+    let stranger = tmp.path().join("stranger");
+    let out = ctl_ok(
+        &stranger,
+        &[
+            "call",
+            node.invite(),
+            "app.agent",
+            "tell",
+            "--args",
+            "\"hi\"",
+            "--stream",
+        ],
+    );
+    assert_eq!(text_items(&out), ["alpha:", "hi"]);
+}
+
+#[test]
+fn call_stream_errors_have_the_usual_exit_codes() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::with_metrics("alpha");
+    ctl_ok(&cp, &["bind", node.invite()]);
+    let calls = |verb: &str| {
+        let scraped = node.scrape();
+        let prefix = format!("capwire_calls_total{{cap=\"app.agent\",verb=\"{verb}\",");
+        scraped
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>()
+    };
+
+    // The manifest's kind decides, before anything is sent: --stream is
+    // for stream verbs only, and a stream verb needs it.
+    let out = ctl(&cp, &["call", "alpha", "app.agent", "echo", "--stream"]);
+    let line = assert_fails(&out, 2, "app.agent/echo of alpha is a request verb");
+    assert!(line.contains("without --stream"), "{line}");
+    let out = ctl(&cp, &["call", "alpha", "app.agent", "note", "--stream"]);
+    let line = assert_fails(&out, 2, "is a notification verb");
+    assert!(line.contains("--notify"), "{line}");
+    let out = ctl(
+        &cp,
+        &["call", "alpha", "app.agent", "tell", "--args", "\"x\""],
+    );
+    let line = assert_fails(&out, 2, "app.agent/tell of alpha is a stream verb");
+    assert!(line.contains("call it with --stream"), "{line}");
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "\"x\"",
+            "--notify",
+        ],
+    );
+    assert_fails(&out, 2, "call it with --stream");
+    assert_eq!(calls("echo"), 0, "nothing was sent");
+    assert_eq!(calls("note"), 0, "nothing was sent");
+    assert_eq!(calls("tell"), 0, "nothing was sent");
+    // --notify and --stream do not go together.
+    let out = ctl(
+        &cp,
+        &["call", "alpha", "app.agent", "tell", "--stream", "--notify"],
+    );
+    assert_eq!(out.code, 2, "{out:#?}");
+    assert!(out.stderr.contains("cannot be used with"), "{out:#?}");
+
+    // A verb the node does not have: its chokepoint's unknown_verb.
+    let out = ctl(&cp, &["call", "alpha", "app.agent", "nope", "--stream"]);
+    let line = assert_fails(&out, 3, "unknown_verb");
+    assert!(line.contains("alpha app.agent/nope"), "{line}");
+    let out = ctl(
+        &cp,
+        &["--json", "call", "alpha", "app.agent", "nope", "--stream"],
+    );
+    assert_eq!(out.code, 3, "{out:#?}");
+    let end = out.record();
+    assert_eq!(end["kind"], "error");
+    assert_eq!(end["items"], 0);
+    assert_eq!(end["error"], "unknown_verb");
+    assert_eq!(end["exit"], 3);
+    assert!(
+        out.stderr.contains("unknown_verb") && out.stderr.lines().count() == 1,
+        "{out:#?}"
+    );
+
+    // Args the handler refuses: bad_args, exit 4.
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "[1]",
+            "--stream",
+        ],
+    );
+    assert_fails(&out, 4, "bad_args");
+    let out = ctl(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "[1]",
+            "--stream",
+        ],
+    );
+    assert_eq!(out.code, 4, "{out:#?}");
+    let end = out.record();
+    assert_eq!(
+        (&end["kind"], &end["error"], &end["items"]),
+        (&json!("error"), &json!("bad_args"), &json!(0)),
+        "{end}"
+    );
+    // Args that are not JSON, or not CBOR: bad input, before the node.
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "{",
+            "--stream",
+        ],
+    );
+    assert_fails(&out, 2, "--args is not JSON");
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            r#"{"$int":"x"}"#,
+            "--stream",
+        ],
+    );
+    assert_fails(&out, 2, "bad args");
+    assert_eq!(calls("tell"), 2, "only the two [1] reached the node");
+
+    // A node that is not running: exit 6.
+    node.stop(Duration::from_secs(5));
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "\"x\"",
+            "--stream",
+        ],
+    );
+    assert_fails(&out, 6, "cannot reach alpha");
+}
+
+#[test]
+fn ctrl_c_cancels_a_stream_and_its_handler_stops() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::with_metrics("alpha");
+    ctl_ok(&cp, &["bind", node.invite()]);
+
+    // A stream far longer than the pipe to this test holds; the test
+    // reads one line and then nothing.
+    let words = 50_000;
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"]).arg(&cp).args([
+        "call",
+        "alpha",
+        "app.agent",
+        "tell",
+        "--args",
+        &many_words(words),
+        "--stream",
+    ]);
+    let mut stream = cli_support::Held::start(cmd, "ctl call --stream");
+    assert_eq!(
+        stream.record(),
+        json!({"kind": "item", "seq": 1, "item": "alpha:"})
+    );
+
+    // The handler runs ahead only by what the buffers and the window
+    // hold: it waits for credit, and the stream stays open.
+    poll(
+        Duration::from_secs(10),
+        "the handler to wait for credit",
+        || (node.metric("capwire_stream_credit_stalls_total") > 0).then_some(()),
+    );
+    assert_eq!(node.metric("capwire_streams{side=\"served\"}"), 1);
+    let sent = node.metric("capwire_stream_items_total{direction=\"sent\"}");
+    assert!(
+        sent < words as u64,
+        "the handler sent {sent} of {words} items to a reader that took one"
+    );
+
+    // Ctrl-C: the stream is cancelled, what was printed is counted.
+    stream.signal("INT");
+    let stderr = stream.stderr();
+    let (status, lines) = stream.finish(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{stderr:#?}");
+    let mut records: Vec<Json> = vec![json!({"kind": "item", "seq": 1, "item": "alpha:"})];
+    records.extend(
+        lines
+            .iter()
+            .map(|l| serde_json::from_str::<Json>(l).unwrap()),
+    );
+    let items = json_items(&records, "cancelled");
+    assert!(items.len() < words, "{} items printed", items.len());
+
+    // The node's handler stopped: no stream is served, and it ended as
+    // cancelled.
+    poll(Duration::from_secs(10), "the served stream to end", || {
+        (node.metric("capwire_streams{side=\"served\"}") == 0).then_some(())
+    });
+    poll(Duration::from_secs(10), "the cancelled outcome", || {
+        let series = "capwire_calls_total{cap=\"app.agent\",verb=\"tell\",outcome=\"cancelled\"}";
+        (node.metric(series) == 1).then_some(())
+    });
+    assert_eq!(
+        node.metric("capwire_calls_total{cap=\"app.agent\",verb=\"tell\",outcome=\"ok\"}"),
+        0
+    );
+}
+
+#[test]
+fn streams_handed_to_the_owner_flow_as_they_arrive_and_cancel_there() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::with_metrics("alpha");
+    ctl_ok(&cp, &["bind", node.invite()]);
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"]).arg(&cp).arg("watch");
+    let mut watch = Spawned::start(cmd, "ctl watch");
+    watch.wait_record(Duration::from_secs(10), "connected to alpha", |r| {
+        r["kind"] == "connected" && r["peer"] == "alpha"
+    });
+
+    // Handed over: the same output, text and JSON.
+    let out = ctl_ok(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "\"via the owner\"",
+            "--stream",
+        ],
+    );
+    assert_eq!(text_items(&out), ["alpha:", "via", "the", "owner"]);
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            &many_words(600),
+            "--stream",
+        ],
+    );
+    assert_eq!(json_items(&out.records(), "end").len(), 601);
+    let out = ctl(&cp, &["call", "alpha", "app.agent", "echo", "--stream"]);
+    assert_fails(&out, 2, "is a request verb");
+    let out = ctl(
+        &cp,
+        &["--json", "call", "alpha", "app.agent", "nope", "--stream"],
+    );
+    assert_eq!(out.code, 3, "{out:#?}");
+    assert_eq!(out.record()["error"], "unknown_verb");
+    // The watch saw them, with their items.
+    let seen = watch.wait_record(Duration::from_secs(10), "the stream's call record", |r| {
+        r["kind"] == "call" && r["stream"] == true && r["items"] == 601
+    });
+    assert_eq!((&seen["verb"], &seen["ok"]), (&json!("tell"), &json!(true)));
+
+    // A long one, read one line at a time: its first item is printed
+    // while the node still serves it (the records flow as they arrive),
+    // and then it waits for this reader.
+    let sessions = node.metric("capwire_sessions_opened_total{direction=\"inbound\"}");
+    let words = 30_000;
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"]).arg(&cp).args([
+        "call",
+        "alpha",
+        "app.agent",
+        "tell",
+        "--args",
+        &many_words(words),
+        "--stream",
+    ]);
+    let mut stream = cli_support::Held::start(cmd, "a forwarded ctl call --stream");
+    assert_eq!(
+        stream.record(),
+        json!({"kind": "item", "seq": 1, "item": "alpha:"})
+    );
+    assert_eq!(node.metric("capwire_streams{side=\"served\"}"), 1);
+    poll(
+        Duration::from_secs(10),
+        "the handler to wait for credit",
+        || (node.metric("capwire_stream_credit_stalls_total") > 0).then_some(()),
+    );
+
+    // Ctrl-C on the client: the owner cancels the stream on its session
+    // with the node, which stays up.
+    stream.signal("INT");
+    let (status, lines) = stream.finish(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    let last: Json = serde_json::from_str(lines.last().unwrap()).unwrap();
+    assert_eq!(last["kind"], "cancelled", "{last}");
+    assert_eq!(
+        last["items"],
+        lines.len(),
+        "the first line and the rest but the last"
+    );
+    poll(Duration::from_secs(10), "the served stream to end", || {
+        (node.metric("capwire_streams{side=\"served\"}") == 0).then_some(())
+    });
+    assert_eq!(
+        node.metric("capwire_calls_total{cap=\"app.agent\",verb=\"tell\",outcome=\"cancelled\"}"),
+        1
+    );
+    assert_eq!(node.metric("capwire_sessions{direction=\"inbound\"}"), 1);
+    assert_eq!(
+        node.metric("capwire_sessions_opened_total{direction=\"inbound\"}"),
+        sessions,
+        "the owner's session with the node is the one it had"
+    );
+    let cancelled = watch.wait_record(Duration::from_secs(10), "the cancelled stream", |r| {
+        r["kind"] == "call" && r["stream"] == true && r["error"] == "cancelled"
+    });
+    assert_eq!(cancelled["ok"], false);
+
+    // The owner still serves.
+    let out = ctl_ok(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "tell",
+            "--args",
+            "\"after\"",
+            "--stream",
+        ],
+    );
+    assert_eq!(text_items(&out), ["alpha:", "after"]);
+    watch.signal("INT");
+    assert!(watch.wait_exit(Duration::from_secs(5)).success());
+}

@@ -12,8 +12,8 @@ fn the_demo_runs_every_step_and_exits_zero() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
-    for step in 1..=12 {
-        let line = format!("[{step:>2}/12]");
+    for step in 1..=13 {
+        let line = format!("[{step:>2}/13]");
         let found = stdout
             .lines()
             .find(|l| l.starts_with(&line))
@@ -30,7 +30,10 @@ fn the_demo_runs_every_step_and_exits_zero() {
         "refused, conflict",
         "agent-1 asked agent-2: \"agent-2: hi from agent-1\"",
         "app.agent/note ok = 1",
-        "all 12 steps passed",
+        "agent-1's app.agent/tell streams its answer",
+        "item  1 \"agent-1:\"",
+        "11 items, then the end: \"agent-1: streams come word by word as the caller takes them\"",
+        "all 13 steps passed",
     ] {
         assert!(stdout.contains(expected), "missing {expected:?}:\n{stdout}");
     }

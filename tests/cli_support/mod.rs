@@ -10,7 +10,8 @@
     clippy::panic
 )]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -218,6 +219,9 @@ pub struct NodeProc {
     pub addr: String,
     /// The invite it printed (`None` when it printed none).
     pub invite: Option<String>,
+    /// Its metrics endpoint, `http://ADDR/metrics`, when started with
+    /// `--metrics`.
+    pub metrics: Option<String>,
 }
 
 impl NodeProc {
@@ -235,12 +239,49 @@ impl NodeProc {
         let addr = first["addrs"][0].as_str().unwrap().to_owned();
         assert!(addr.starts_with("tcp://127.0.0.1:"), "{first}");
         let invite = first["invite"].as_str().map(str::to_owned);
+        let metrics = first["metrics"].as_str().map(str::to_owned);
         NodeProc {
             proc,
             id,
             addr,
             invite,
+            metrics,
         }
+    }
+
+    /// Starts a node that serves its metrics on 127.0.0.1.
+    pub fn with_metrics(name: &str) -> NodeProc {
+        NodeProc::start(name, &["--metrics", "127.0.0.1:0"])
+    }
+
+    /// Its metrics, as the Prometheus text it serves.
+    pub fn scrape(&self) -> String {
+        let url = self.metrics.as_deref().expect("started with --metrics");
+        let host = url
+            .trim_start_matches("http://")
+            .trim_end_matches("/metrics");
+        let mut stream = TcpStream::connect(host).expect("the metrics endpoint accepts");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("the request is sent");
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .expect("the response is read");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+    }
+
+    /// The value of one series (`name{labels}` exactly as served), 0 when
+    /// it is not there.
+    pub fn metric(&self, series: &str) -> u64 {
+        self.scrape()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0)
     }
 
     /// Starts a node with a state directory.
@@ -269,6 +310,110 @@ impl NodeProc {
             self.proc.stderr()
         );
         started.elapsed()
+    }
+}
+
+/// A process whose stdout the test reads a line at a time, when it
+/// chooses: what it does not read stays in the pipe, so a process that
+/// writes more than the pipe holds waits, as behind a slow reader.
+pub struct Held {
+    what: String,
+    child: Child,
+    stdout: Option<BufReader<std::process::ChildStdout>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Held {
+    /// Starts `cmd`; its stderr is collected as it comes.
+    pub fn start(mut cmd: Command, what: &str) -> Held {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let stdout = Some(BufReader::new(child.stdout.take().unwrap()));
+        let stderr = collect(child.stderr.take().unwrap());
+        Held {
+            what: what.to_owned(),
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Its next stdout line (without the newline); panics at the end.
+    pub fn line(&mut self) -> String {
+        let mut line = String::new();
+        let n = self
+            .stdout
+            .as_mut()
+            .expect("stdout is still held")
+            .read_line(&mut line)
+            .expect("stdout is read");
+        assert!(
+            n > 0,
+            "{} closed its stdout\nstderr: {:#?}",
+            self.what,
+            self.stderr()
+        );
+        line.trim_end_matches('\n').to_owned()
+    }
+
+    /// Its next stdout line as JSON.
+    pub fn record(&mut self) -> Json {
+        let line = self.line();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"))
+    }
+
+    /// The lines on stderr so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Sends it a signal (`INT`, `TERM`, ...).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name} {} failed", self.child.id());
+    }
+
+    /// Reads the rest of its stdout (it must end within `within`) and
+    /// waits for it to exit: its status and those lines.
+    pub fn finish(mut self, within: Duration) -> (ExitStatus, Vec<String>) {
+        let mut stdout = self.stdout.take().expect("stdout is still held");
+        let rest = std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            let mut line = String::new();
+            while stdout.read_line(&mut line).unwrap_or(0) > 0 {
+                lines.push(line.trim_end_matches('\n').to_owned());
+                line.clear();
+            }
+            lines
+        });
+        let deadline = Instant::now() + within;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {within:?}\nstderr: {:#?}",
+                self.what,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status, rest.join().unwrap())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -18,9 +18,9 @@ use capwire::manifest::{
     ClusterSetMonitoring, CopyDirection, CopyRecord, CreateArgs, DeclaredClass, GetConfig,
     IntroducePairArgs, Manifest, NoArgs, SetConfig, SetConfigArgs, SetMonitoringArgs,
 };
-use capwire::{CallError, ControlEvent, Invite, Node, NodeError, NodeId, Peer};
+use capwire::{CallError, ControlEvent, Invite, Limits, Node, NodeError, NodeId, Peer};
 
-use crate::agent::{Ask, AskArgs, Echo, Note, Probe, ProbeArgs};
+use crate::agent::{Ask, AskArgs, Echo, Note, Probe, ProbeArgs, Tell};
 use crate::exit::Failure;
 use crate::node::agent_builder;
 
@@ -32,8 +32,11 @@ pub(crate) struct DemoArgs {
     agents: u8,
 }
 
-const STEPS: usize = 12;
+const STEPS: usize = 13;
 const APP: &str = "capwire.demo";
+/// The control plane's stream window, in items: small, so that the
+/// stream step shows the credit at work.
+const WINDOW: u32 = 4;
 
 /// Prints the steps as they run.
 struct Narrator {
@@ -178,6 +181,10 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
                     .map_err(err)?;
                 let cp = Node::builder("capwire.demo.control-plane")
                     .name("control-plane")
+                    .limits(Limits {
+                        stream_window_items: WINDOW,
+                        ..Limits::default()
+                    })
                     .start()
                     .await
                     .map_err(err)?;
@@ -351,7 +358,61 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         })
         .await?;
 
-    // 7. Unknown verb.
+    // 7. A stream.
+    narrator
+        .step(
+            &format!(
+                "{}'s app.agent/tell streams its answer ({WINDOW} items of credit at a time)",
+                first.name
+            ),
+            async {
+                let text = "streams come word by word as the caller takes them";
+                let before = cp.stats();
+                let opened = Instant::now();
+                let mut words = first
+                    .peer
+                    .stream(Tell, text.to_owned())
+                    .await
+                    .map_err(err)?;
+                let mut got: Vec<String> = Vec::new();
+                let mut most = 0;
+                while let Some(word) = words.next().await {
+                    let word = word.map_err(err)?;
+                    // A consumer slower than the agent: it fills the
+                    // window, then sends one item per item taken.
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    let waiting = words.buffered();
+                    most = most.max(waiting);
+                    say(format!(
+                        "+{:>3} ms  item {:>2} {:<12} {waiting} more arrived, not taken yet",
+                        opened.elapsed().as_millis(),
+                        got.len() + 1,
+                        format!("{word:?}"),
+                    ));
+                    got.push(word);
+                }
+                let answer = got.join(" ");
+                if answer != format!("{}: {text}", first.name) {
+                    return Err(format!("the items do not make the answer: {answer:?}"));
+                }
+                if most > WINDOW as usize {
+                    return Err(format!(
+                        "{most} items waited to be taken: more than the window of {WINDOW}"
+                    ));
+                }
+                let after = cp.stats();
+                say(format!("{} items, then the end: {answer:?}", got.len()));
+                say(format!(
+                    "never more than {WINDOW} on their way or waiting: the agent sent each one \
+                     only with credit, which the caller grants as it takes items ({} received)",
+                    after.stream_items_received - before.stream_items_received
+                ));
+                Ok(())
+            },
+        )
+        .await?;
+
+    // 8. Unknown verb.
     narrator
         .step(
             "call a verb the node's manifest does not list (app.agent/launch)",
@@ -369,7 +430,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         )
         .await?;
 
-    // 8. Introduce, and one agent calls another.
+    // 9. Introduce, and one agent calls another.
     narrator
         .step(
             &format!(
@@ -404,7 +465,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         )
         .await?;
 
-    // 9. An agent tries a controller verb.
+    // 10. An agent tries a controller verb.
     narrator
         .step(
             &format!(
@@ -436,7 +497,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         )
         .await?;
 
-    // 10. Configuration.
+    // 11. Configuration.
     narrator
         .step("set the node's configuration with compare-and-set", async {
             let value = RawValue::encode(
@@ -493,7 +554,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         })
         .await?;
 
-    // 11. Remove an agent.
+    // 12. Remove an agent.
     let last = agents.last().ok_or_else(|| Failure::failed("no agents"))?;
     narrator
         .step(&format!("remove {} (core.cluster/remove)", last.name), async {
@@ -512,7 +573,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         })
         .await?;
 
-    // 12. Monitoring copies.
+    // 13. Monitoring copies.
     let copies = narrator
         .step("look at the monitoring copies the agents sent", async {
             let copies = pushes.copies();

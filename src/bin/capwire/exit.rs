@@ -61,9 +61,12 @@ impl Failure {
     pub(crate) fn call(doing: &str, e: &CallError) -> Self {
         let code = match e {
             CallError::Denied(_) => DENIED,
-            CallError::Timeout | CallError::Cancelled => TIMEOUT,
+            CallError::Timeout | CallError::Cancelled | CallError::Idle => TIMEOUT,
             CallError::PeerLost | CallError::Unreachable(_) | CallError::Shutdown => UNREACHABLE,
-            CallError::Encode(_) | CallError::InvalidInvite(_) | CallError::ReqIdInUse => USAGE,
+            CallError::Encode(_)
+            | CallError::InvalidInvite(_)
+            | CallError::ReqIdInUse
+            | CallError::Unsupported(_) => USAGE,
             _ => REMOTE,
         };
         Self::new(code, format!("{doing}: {e}"))

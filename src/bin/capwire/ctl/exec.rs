@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use capwire::envelope::RawValue;
 use capwire::json::{cbor_to_json, json_to_cbor};
-use capwire::manifest::{CopyRecord, Manifest, Member, Roster};
-use capwire::{CallError, ControlEvent, Invite, Node, NodeError, NodeId, Peer, StoreError};
+use capwire::manifest::{CopyRecord, Manifest, Member, Roster, VerbKind};
+use capwire::{CallError, ControlEvent, Invite, Limits, Node, NodeError, NodeId, Peer, StoreError};
 use serde_json::{Value as Json, json};
 use tokio::sync::{broadcast, mpsc};
 
@@ -41,6 +41,10 @@ pub(crate) struct Ctx {
     calls: broadcast::Sender<Json>,
 }
 
+/// The library's own bound on a stream's wait for an item, above any
+/// `--timeout` anyone types.
+const STREAM_IDLE: Duration = Duration::from_secs(365 * 86_400);
+
 /// How many `call` records a slow watch may fall behind by.
 const CALL_FEED: usize = 256;
 
@@ -63,6 +67,12 @@ impl Ctx {
         let node = Node::builder("capwire.ctl")
             .name("capwire-ctl")
             .state_dir(dir.to_path_buf())
+            // A stream's wait for its next item is bounded by each
+            // command's --timeout instead.
+            .limits(Limits {
+                stream_idle_timeout: STREAM_IDLE,
+                ..Limits::default()
+            })
             .start()
             .await
             .map_err(|e| match e {
@@ -146,7 +156,7 @@ impl Ctx {
         timeout: Duration,
     ) -> Result<Json, Failure> {
         let reply = peer.call_raw(cap, verb, args, timeout).await;
-        self.note(peer, name, cap, verb, false, reply.as_ref().err());
+        self.note(peer, name, cap, verb, Way::Request, reply.as_ref().err());
         let reply = reply.map_err(|e| Failure::call(&format!("{name} {cap}/{verb}"), &e))?;
         cbor_to_json(&reply).map_err(|e| Failure::failed(format!("unreadable result: {e}")))
     }
@@ -158,8 +168,22 @@ impl Ctx {
         name: &str,
         cap: &str,
         verb: &str,
-        notify: bool,
+        way: Way,
         error: Option<&CallError>,
+    ) {
+        let error = error.map(Noted::of);
+        self.note_as(peer, name, cap, verb, way, error.as_ref());
+    }
+
+    /// Tells the watches about a call that ended with `error`.
+    fn note_as(
+        &self,
+        peer: &Peer,
+        name: &str,
+        cap: &str,
+        verb: &str,
+        way: Way,
+        error: Option<&Noted>,
     ) {
         if self.calls.receiver_count() == 0 {
             return;
@@ -167,14 +191,107 @@ impl Ctx {
         let at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
-        let _ = self.calls.send(json!({
+        let mut record = json!({
             "kind": "call", "peer": name, "node_id": peer.id().to_string(),
-            "cap": cap, "verb": verb, "notify": notify, "at_ms": at_ms,
+            "cap": cap, "verb": verb, "notify": way == Way::Notify, "at_ms": at_ms,
             "ok": error.is_none(),
-            "denied": matches!(error, Some(CallError::Denied(_))),
-            "error": error.map(error_code),
-            "message": error.map(ToString::to_string),
-        }));
+            "denied": error.is_some_and(|e| e.denied),
+            "error": error.map(|e| e.code.as_str()),
+            "message": error.map(|e| e.message.as_str()),
+        });
+        if let Way::Stream(items) = way {
+            record["stream"] = json!(true);
+            record["items"] = json!(items);
+        }
+        let _ = self.calls.send(record);
+    }
+
+    /// Streams `cap`/`verb` of `peer` and reports each item as it comes,
+    /// then the end: `--timeout` bounds the opening and each wait for the
+    /// next item. The stream is cancelled at the node when this future is
+    /// dropped (Ctrl-C, a client of `ctl.sock` gone) or gives up.
+    #[allow(clippy::too_many_arguments)]
+    async fn stream(
+        &self,
+        peer: &Peer,
+        name: &str,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+        timeout: Duration,
+        out: &Out,
+    ) -> Result<(), Failure> {
+        let doing = format!("{name} {cap}/{verb}");
+        let opened =
+            match tokio::time::timeout(timeout, peer.stream_raw(cap, verb, args, None)).await {
+                Ok(opened) => opened,
+                Err(_) => Err(CallError::Timeout),
+            };
+        let mut items = match opened {
+            Ok(items) => items,
+            Err(e) => {
+                self.note(peer, name, cap, verb, Way::Stream(0), Some(&e));
+                return Err(Failure::call(&doing, &e));
+            }
+        };
+        // Cancelled here (this future dropped): the watches are told so.
+        let mut cancelled = OnDrop(
+            Some(|seq| {
+                let noted = Noted::local("cancelled", "the stream was cancelled by this side");
+                self.note_as(peer, name, cap, verb, Way::Stream(seq), Some(&noted));
+            }),
+            0,
+        );
+        let mut seq: u64 = 0;
+        let ended: Result<(), (Noted, Failure)> = loop {
+            let Ok(next) = tokio::time::timeout(timeout, items.next()).await else {
+                // Dropping the stream below cancels it at the node.
+                let message = format!(
+                    "{doing}: no item within the timeout, after {seq} items (the stream was \
+                     cancelled)"
+                );
+                break Err((
+                    Noted::local("timeout", &message),
+                    Failure::new(TIMEOUT, message),
+                ));
+            };
+            match next.map(|item| item.map(|raw| cbor_to_json(&raw))) {
+                None => break Ok(()),
+                Some(Ok(Ok(item))) => {
+                    seq += 1;
+                    cancelled.set(seq);
+                    emit(out, json!({"kind": "item", "seq": seq, "item": item})).await?;
+                }
+                Some(Ok(Err(e))) => {
+                    let message = format!("{doing}: item {} is unreadable: {e}", seq + 1);
+                    break Err((
+                        Noted::local("bad_result", &message),
+                        Failure::failed(message),
+                    ));
+                }
+                Some(Err(e)) => break Err((Noted::of(&e), Failure::call(&doing, &e))),
+            }
+        };
+        drop(items);
+        cancelled.disarm();
+        match ended {
+            Ok(()) => {
+                self.note_as(peer, name, cap, verb, Way::Stream(seq), None);
+                emit(out, json!({"kind": "end", "items": seq})).await
+            }
+            Err((noted, failure)) => {
+                self.note_as(peer, name, cap, verb, Way::Stream(seq), Some(&noted));
+                emit(
+                    out,
+                    json!({
+                        "kind": "error", "items": seq, "error": noted.code,
+                        "message": failure.message, "exit": failure.code,
+                    }),
+                )
+                .await?;
+                Err(failure)
+            }
+        }
     }
 
     /// Runs one command.
@@ -220,6 +337,7 @@ impl Ctx {
                 peer,
                 args,
                 notify,
+                stream,
             } => {
                 let (peer, cap, verb) = call_target(peer.as_deref(), &target)?;
                 // Bad input is a usage error whether or not the node is up.
@@ -231,6 +349,12 @@ impl Ctx {
                 let args = cbor_args(&args)?;
                 let entry = self.book().resolve(&peer)?;
                 let session = self.reach(&entry, timeout).await?;
+                check_kind(&session, &entry.name, &cap, &verb, stream, notify)?;
+                if stream {
+                    return self
+                        .stream(&session, &entry.name, &cap, &verb, &args, timeout, out)
+                        .await;
+                }
                 if notify {
                     let sent = session.notify_raw_within(&cap, &verb, &args, timeout).await;
                     self.note(
@@ -238,7 +362,7 @@ impl Ctx {
                         &entry.name,
                         &cap,
                         &verb,
-                        true,
+                        Way::Notify,
                         sent.as_ref().err(),
                     );
                     sent.map_err(|e| Failure::call(&format!("{} {cap}/{verb}", entry.name), &e))?;
@@ -428,7 +552,14 @@ impl Ctx {
             )
             .await;
         let error = reply.as_ref().err();
-        self.note(session, &parent.name, "core.cluster", "list", false, error);
+        self.note(
+            session,
+            &parent.name,
+            "core.cluster",
+            "list",
+            Way::Request,
+            error,
+        );
         reply.map_err(|e| Failure::call(&format!("{} core.cluster/list", parent.name), &e))
     }
 
@@ -645,6 +776,106 @@ impl Ctx {
     }
 }
 
+/// Runs its function with the last count it was given when it drops,
+/// unless disarmed.
+struct OnDrop<F: FnOnce(u64)>(Option<F>, u64);
+
+impl<F: FnOnce(u64)> OnDrop<F> {
+    fn set(&mut self, n: u64) {
+        self.1 = n;
+    }
+
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce(u64)> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(self.1);
+        }
+    }
+}
+
+/// What went wrong with a call, for the watches.
+struct Noted {
+    /// One word: the peer's error code, or the local reason.
+    code: String,
+    /// The peer's chokepoint refused it.
+    denied: bool,
+    message: String,
+}
+
+impl Noted {
+    /// What `e` says.
+    fn of(e: &CallError) -> Noted {
+        Noted {
+            code: error_code(e),
+            denied: matches!(e, CallError::Denied(_)),
+            message: e.to_string(),
+        }
+    }
+
+    /// A failure on this side.
+    fn local(code: &str, message: &str) -> Noted {
+        Noted {
+            code: code.to_owned(),
+            denied: false,
+            message: message.to_owned(),
+        }
+    }
+}
+
+/// How a call was made, for the watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Request,
+    Notify,
+    /// A stream, and how many items it brought.
+    Stream(u64),
+}
+
+/// Refuses, before anything is sent, a call whose form does not fit the
+/// verb's kind in the node's manifest: `--stream` is for stream verbs
+/// only, and a stream verb takes nothing else. A verb the manifest does
+/// not list is left for the node to refuse (`unknown_verb`).
+fn check_kind(
+    peer: &Peer,
+    name: &str,
+    cap: &str,
+    verb: &str,
+    stream: bool,
+    notify: bool,
+) -> Result<(), Failure> {
+    let manifest = peer
+        .manifest()
+        .ok_or_else(|| Failure::new(UNREACHABLE, format!("{name}: the session ended")))?;
+    let Some(kind) = manifest
+        .capability(cap)
+        .and_then(|c| c.verb(verb))
+        .map(|v| v.kind)
+    else {
+        return Ok(());
+    };
+    match (kind, stream) {
+        (VerbKind::Stream, false) => Err(Failure::usage(format!(
+            "{cap}/{verb} of {name} is a stream verb: call it with --stream{}",
+            if notify { " (not --notify)" } else { "" }
+        ))),
+        (VerbKind::Stream, true) => Ok(()),
+        (other, true) => Err(Failure::usage(format!(
+            "{cap}/{verb} of {name} is a {other} verb, not a stream: call it without --stream{}",
+            if other == VerbKind::Notification {
+                " (with --notify)"
+            } else {
+                ""
+            }
+        ))),
+        (_, false) => Ok(()),
+    }
+}
+
 /// JSON args as CBOR; what cannot be mapped is bad input.
 fn cbor_args(args: &Json) -> Result<RawValue, Failure> {
     json_to_cbor(args).map_err(|e| Failure::usage(format!("bad args: {e}")))
@@ -670,6 +901,8 @@ fn error_code(e: &CallError) -> String {
         CallError::Encode(_) => "encode".into(),
         CallError::BadResult(_) => "bad_result".into(),
         CallError::Shutdown => "shutdown".into(),
+        CallError::Idle => "idle".into(),
+        CallError::Unsupported(_) => "unsupported".into(),
         _ => "failed".into(),
     }
 }

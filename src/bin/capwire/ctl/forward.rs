@@ -37,7 +37,7 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{CtlCommand, Ctx, Request};
+use super::{Ctx, Request};
 use crate::exit::{Failure, LOCAL, USAGE};
 
 const SOCKET: &str = "ctl.sock";
@@ -269,8 +269,9 @@ async fn handle(
         let _ = write.write_all(busy().as_bytes()).await;
         return;
     };
-    // A watch runs until its client goes; this process stopping ends it.
-    let long_running = matches!(request.command, CtlCommand::Watch);
+    // A watch or a stream runs until its client goes (or it ends); this
+    // process stopping ends it.
+    let long_running = request.command.is_long_running();
     let (tx, mut rx) = mpsc::channel(256);
     let timeout = Duration::from_millis(request.timeout_ms);
     let result = {

@@ -91,9 +91,10 @@ pub(crate) enum CtlCommand {
         node: NodeArg,
     },
     /// Calls a verb of a node with JSON args (sent as CBOR; see
-    /// `capwire ctl call --help` for the mapping) and prints the result.
+    /// `capwire ctl call --help` for the mapping) and prints the result,
+    /// or with --stream each item of a stream verb as it arrives.
     #[command(
-        after_help = JSON_MAPPING,
+        after_help = call_help(),
         override_usage = "capwire ctl call [OPTIONS] <PEER> <CAP> <VERB>\n       capwire ctl call [OPTIONS] --peer <PEER> <CAP> <VERB>"
     )]
     Call {
@@ -109,8 +110,18 @@ pub(crate) enum CtlCommand {
         #[arg(long, value_name = "JSON")]
         args: Option<String>,
         /// Send it as a fire-and-forget notification (no answer).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "stream")]
         notify: bool,
+        /// Open a stream (a verb of kind `stream`) and print each item as
+        /// it arrives: a line of JSON each, or with --json the records
+        /// {"kind":"item","seq":N,"item":...} and a last one,
+        /// {"kind":"end","items":N}. --timeout bounds the wait for the
+        /// stream to open and for each next item, not the whole stream.
+        /// Ctrl-C cancels the stream at the node (the last record is then
+        /// {"kind":"cancelled","items":N}; exit code 0).
+        #[arg(long)]
+        #[serde(default)]
+        stream: bool,
     },
     /// Shows a node's manifest: its capabilities, verbs and their classes.
     Manifest {
@@ -222,6 +233,15 @@ pub(crate) fn call_target(
 }
 
 impl CtlCommand {
+    /// Whether it runs until it ends or is interrupted, printing as it
+    /// goes: a watch, a stream.
+    pub(crate) fn is_long_running(&self) -> bool {
+        matches!(
+            self,
+            CtlCommand::Watch | CtlCommand::Call { stream: true, .. }
+        )
+    }
+
     /// Refuses a command whose arguments do not fit together, before any
     /// state is opened.
     fn check(&self) -> Result<(), Failure> {
@@ -324,6 +344,21 @@ Special forms (one-key objects):
   {\"$int\": \"-18446744073709551616\"}  an integer beyond 64 bits
   {\"$float\": \"nan\"|\"inf\"|\"-inf\"}  a float JSON cannot write
 Results are printed with the same forms.";
+
+/// Below `capwire ctl call --help`, after the JSON mapping.
+const STREAMS_HELP: &str = "\
+Streams: the node's manifest says each verb's kind (`ctl manifest`). A stream
+verb takes --stream, and only a stream verb does: the other way round is
+refused before anything is sent (exit code 2). Items come as fast as they are
+printed: the node's handler waits while this side holds its window of items
+(256) not yet taken. A stream that ends with an error prints the record
+{\"kind\":\"error\",\"items\":N,\"error\":CODE,\"message\":...} under --json,
+the error on stderr, and exits with the code the error calls for.";
+
+/// What `capwire ctl call --help` ends with.
+fn call_help() -> String {
+    format!("{JSON_MAPPING}\n\n{STREAMS_HELP}")
+}
 
 /// A command and its timeout, as one `ctl` hands it to another.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -434,36 +469,7 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
     let (backend, server) = open(&dir, serve, args.timeout).await?;
     let result = match args.command {
         CtlCommand::Top { copies } => top::run(&backend, args.timeout, copies).await,
-        command => {
-            let long_running = matches!(command, CtlCommand::Watch);
-            let (mut records, done) = backend.start(command, args.timeout);
-            let json = args.json;
-            let printing = async {
-                while let Some(record) = records.recv().await {
-                    render::print(&record, json);
-                }
-            };
-            if long_running {
-                // The records end when the command does (a watch handed to
-                // another ctl ends when that one stops).
-                let ended = tokio::select! {
-                    () = printing => true,
-                    () = crate::node::wait_for_signal() => false,
-                };
-                if ended {
-                    done.await.unwrap_or_else(|e| {
-                        Err(Failure::failed(format!("the command failed: {e}")))
-                    })
-                } else {
-                    done.abort();
-                    Ok(())
-                }
-            } else {
-                printing.await;
-                done.await
-                    .unwrap_or_else(|e| Err(Failure::failed(format!("the command failed: {e}"))))
-            }
-        }
+        command => print_records(&backend, command, args.timeout, args.json).await,
     };
     if let Backend::Local(ctx) = backend {
         if let Some(server) = server {
@@ -472,6 +478,82 @@ pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
         ctx.close().await;
     }
     result
+}
+
+/// How long the output has, after an interrupt, to take the rest.
+const LAST_LINE: Duration = Duration::from_secs(5);
+
+/// Runs `command` and prints its records as they come. A long-running
+/// one (a watch, a stream) also ends at Ctrl-C or SIGTERM: the command is
+/// stopped (a stream is cancelled at the node) and, for a stream, the
+/// record `cancelled` says how many items were printed.
+async fn print_records(
+    backend: &Backend,
+    command: CtlCommand,
+    timeout: Duration,
+    json: bool,
+) -> Result<(), Failure> {
+    let long_running = command.is_long_running();
+    let streaming = matches!(command, CtlCommand::Call { stream: true, .. });
+    let (mut records, done) = backend.start(command, timeout);
+    let mut printer = render::Printer::new(json);
+    let printing = async {
+        while let Some(record) = records.recv().await {
+            printer.print(&record).await?;
+            // Out as soon as nothing else is ready: one write for a burst.
+            if records.is_empty() {
+                printer.flush().await?;
+            }
+        }
+        printer.flush().await
+    };
+    // `None`: interrupted.
+    let printed = if long_running {
+        tokio::select! {
+            printed = printing => Some(printed),
+            () = crate::node::wait_for_signal() => None,
+        }
+    } else {
+        Some(printing.await)
+    };
+    let stop = |done: JoinHandle<Result<(), Failure>>| async move {
+        // Dropping the command's future cancels what it was doing (a
+        // stream, at the node) before this process goes on to close.
+        done.abort();
+        let _ = done.await;
+    };
+    match printed {
+        // The records end when the command does (a watch handed to
+        // another ctl ends when that one stops).
+        Some(Ok(())) => done
+            .await
+            .unwrap_or_else(|e| Err(Failure::failed(format!("the command failed: {e}")))),
+        Some(Err(e)) => {
+            stop(done).await;
+            Err(Failure::failed(format!("cannot write the output: {e}")))
+        }
+        None => {
+            stop(done).await;
+            let record = serde_json::json!({"kind": "cancelled", "items": printer.items()});
+            let last = async {
+                if streaming {
+                    printer.print(&record).await?;
+                }
+                printer.flush().await
+            };
+            // An output that takes nothing more (a reader that ignores
+            // Ctrl-C) does not keep this process.
+            match tokio::time::timeout(LAST_LINE, last).await {
+                Ok(printed) => {
+                    printed.map_err(|e| Failure::failed(format!("cannot write the output: {e}")))
+                }
+                Err(_) => Err(Failure::failed(format!(
+                    "the output took nothing for {} s after the interrupt",
+                    LAST_LINE.as_secs()
+                ))),
+            }
+        }
+    }
 }
 
 /// Parses a duration as humantime does (`500ms`, `10s`, `1.5s`, `2m`,

@@ -3,16 +3,90 @@
 use std::fmt::Write as _;
 
 use serde_json::Value as Json;
+use tokio::io::AsyncWriteExt;
 
-/// Prints one record.
-pub(crate) fn print(record: &Json, json: bool) {
-    if json {
-        println!("{record}");
-    } else {
-        let text = human(record);
-        if !text.is_empty() {
-            println!("{}", text.trim_end_matches('\n'));
+/// Prints records on stdout. Writing waits without holding up the
+/// runtime, so a reader that does not keep up (a pipe into a slow
+/// program) slows the command down, and Ctrl-C is still heard meanwhile.
+/// Lines are buffered until [`Printer::flush`], which the caller does
+/// whenever no record waits, so a record is never held back while the
+/// next is awaited. A line cut short by a print that was dropped is
+/// completed by the next print (or flush): every line stays whole.
+pub(crate) struct Printer {
+    out: tokio::io::BufWriter<tokio::io::Stdout>,
+    json: bool,
+    /// The line being written, and how much of it is.
+    line: Vec<u8>,
+    written: usize,
+    /// Stream items printed (or being printed).
+    items: u64,
+}
+
+impl Printer {
+    /// A printer of `--json` records (`json`) or of text for people.
+    pub(crate) fn new(json: bool) -> Printer {
+        Printer {
+            out: tokio::io::BufWriter::new(tokio::io::stdout()),
+            json,
+            line: Vec::new(),
+            written: 0,
+            items: 0,
         }
+    }
+
+    /// How many `item` records it printed.
+    pub(crate) fn items(&self) -> u64 {
+        self.items
+    }
+
+    /// Prints one record (nothing for a record that has no text), to the
+    /// buffer: [`Printer::flush`] sends it on.
+    ///
+    /// # Errors
+    /// Stdout cannot be written (a closed pipe, say).
+    ///
+    /// # Cancel safety
+    /// Dropped while it waits, the rest of its line is written by the
+    /// next call (or by [`Printer::flush`]): a line is never left cut.
+    pub(crate) async fn print(&mut self, record: &Json) -> std::io::Result<()> {
+        self.finish_line().await?;
+        let text = if self.json {
+            record.to_string()
+        } else {
+            human(record).trim_end_matches('\n').to_owned()
+        };
+        if text.is_empty() {
+            return Ok(());
+        }
+        if record["kind"] == "item" {
+            self.items += 1;
+        }
+        self.line = text.into_bytes();
+        self.line.push(b'\n');
+        self.written = 0;
+        self.finish_line().await
+    }
+
+    /// Writes what is left of the last line, and everything buffered.
+    ///
+    /// # Errors
+    /// As [`Printer::print`].
+    pub(crate) async fn flush(&mut self) -> std::io::Result<()> {
+        self.finish_line().await?;
+        self.out.flush().await
+    }
+
+    async fn finish_line(&mut self) -> std::io::Result<()> {
+        while self.written < self.line.len() {
+            let n = self.out.write(&self.line[self.written..]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.written += n;
+        }
+        self.line.clear();
+        self.written = 0;
+        Ok(())
     }
 }
 
@@ -97,9 +171,11 @@ pub(crate) fn call_line(r: &Json) -> String {
         s(r, "cap"),
         s(r, "verb"),
         if r["notify"].as_bool() == Some(true) {
-            " (notify)"
+            " (notify)".to_owned()
+        } else if r["stream"].as_bool() == Some(true) {
+            format!(" (stream, {} items)", r["items"].as_u64().unwrap_or(0))
         } else {
-            ""
+            String::new()
         },
         call_outcome(r)
     )
@@ -124,6 +200,10 @@ pub(crate) fn human(r: &Json) -> String {
     let mut out = String::new();
     match s(r, "kind") {
         "result" => out = pretty(&r["value"]),
+        // A stream's items, a line of JSON each; its end is the exit code
+        // (and an error's line on stderr).
+        "item" => out = r["item"].to_string(),
+        "end" | "error" | "cancelled" => {}
         "sent" => {
             out = format!(
                 "sent {}/{} to {} (fire-and-forget: no answer)",
