@@ -134,24 +134,64 @@ pub(crate) fn our_hellos(node: NodeId, epoch: u64) -> crate::proto::codec::Hello
 
 /// A valid hello from `node` at `epoch`.
 pub(crate) fn peer_hello(node: NodeId, epoch: u64) -> Bytes {
-    let manifest = Registry::builder(
+    hello_of(&peer_manifest(node, epoch, Speaks::V1), 1)
+}
+
+/// A valid first hello from a peer of `node` at `epoch` that speaks
+/// protocol 2: its manifest lists `core.protocol` 2.0.0 and no stream
+/// verb, so the session opens with it, at version 2.
+pub(crate) fn peer_hello_v2(node: NodeId, epoch: u64) -> Bytes {
+    hello_of(&peer_manifest(node, epoch, Speaks::V2), 1)
+}
+
+/// What a peer of the fuzzed core speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaks {
+    /// Protocol 1: no `core.protocol`.
+    V1,
+    /// Protocol 2, no stream verb of its own.
+    V2,
+    /// Protocol 2 and a stream verb of its own: its first hello is the
+    /// version-1 view, its whole manifest follows in a hello naming
+    /// protocol 2.
+    V2WithStreams,
+}
+
+verb! { pub struct Feed: stream "app.p" / "feed", Bootstrap, u32 => u32; }
+
+fn peer_manifest(node: NodeId, epoch: u64, speaks: Speaks) -> capwire_manifest::Manifest {
+    let mut b = Registry::builder(
         NodeInfo::new(node, "peer"),
         MonitoringHandlers {
             bind: (),
             disable: (),
         },
-    )
-    .build()
-    .expect("the test manifest builds")
-    .manifest(MonitoringStatus::Off, epoch);
-    let hello = Frame::Hello(Hello::new(
-        RawValue::encode(&manifest).expect("the test manifest encodes"),
-        WireLimits {
+    );
+    if speaks != Speaks::V1 {
+        b = b.core_capability(
+            Capability::new(capwire_manifest::CORE_PROTOCOL, Version::new(2, 0, 0))
+                .verb::<capwire_manifest::ProtocolVersions>(()),
+        );
+    }
+    if speaks == Speaks::V2WithStreams {
+        b = b.capability(Capability::new("app.p", Version::new(1, 0, 0)).verb::<Feed>(()));
+    }
+    b.build()
+        .expect("the test manifest builds")
+        .manifest(MonitoringStatus::Off, epoch)
+}
+
+/// A hello record naming `protocol`, with `manifest`.
+fn hello_of(manifest: &capwire_manifest::Manifest, protocol: u32) -> Bytes {
+    let hello = Frame::Hello(Hello {
+        protocol,
+        manifest: RawValue::encode(manifest).expect("the test manifest encodes"),
+        limits: WireLimits {
             max_record: 1 << 20,
             max_inflight: 8,
             keepalive_ms: 15_000,
         },
-    ));
+    });
     let mut out = Vec::new();
     encode_frame(&hello, &mut out).expect("the test hello encodes");
     out.into()
