@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use capwire::manifest::verb;
-use capwire::{
-    Capability, HandlerError, Items, Meta, NodeHandle, Sender, State, StreamClosed,
-};
+use capwire::{Capability, HandlerError, Items, Meta, NodeHandle, Sender, State, StreamClosed};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -170,7 +168,11 @@ impl Drop for GenEnded {
     }
 }
 
-async fn generate(n: u32, mut items: Items<u32>, State(t): State<Shared>) -> Result<(), HandlerError> {
+async fn generate(
+    n: u32,
+    mut items: Items<u32>,
+    State(t): State<Shared>,
+) -> Result<(), HandlerError> {
     let _ended = GenEnded(t.clone());
     count(&t, &t.gen_streams);
     for i in 0..n {

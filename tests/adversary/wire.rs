@@ -336,13 +336,19 @@ impl Wire {
         if partial {
             match self.next(Duration::from_secs(10)).await {
                 Some(Frame::Hello(h)) => {
-                    assert_eq!(h.protocol, PROTOCOL_V2, "the whole manifest names protocol 2");
+                    assert_eq!(
+                        h.protocol, PROTOCOL_V2,
+                        "the whole manifest names protocol 2"
+                    );
                     let m: Manifest = h.manifest.decode().unwrap();
                     assert_eq!(m.node_id, self.node);
                     // At the view's epoch, or a newer one when the
                     // manifest changed meanwhile.
                     let view = self.node_manifest.as_ref().map_or(0, |v| v.epoch);
-                    assert!(m.epoch >= view, "the whole manifest is not older than the view");
+                    assert!(
+                        m.epoch >= view,
+                        "the whole manifest is not older than the view"
+                    );
                     self.node_manifest = Some(m);
                 }
                 other => panic!(
