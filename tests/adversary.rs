@@ -207,8 +207,9 @@ attacks! {
         => bind::wrong_codes_at_once_get_three_attempts_in_all;
 
     // Streams, the node as callee.
-    real a_caller_that_never_grants_credit(streams_setup())
-        => streams::a_caller_that_never_grants_credit;
+    real a_caller_that_never_grants_credit(
+        streams_setup().limits(|l| l.stream_idle_timeout = Duration::from_millis(300))
+    ) => streams::a_caller_that_never_grants_credit;
     real a_caller_that_grants_absurd_credit(Setup::memory().limits(|l| {
         l.max_queued_bytes_per_session = 64 * 1024;
         l.stream_idle_timeout = Duration::from_secs(10);
@@ -229,7 +230,11 @@ attacks! {
         => streams::a_stream_verb_sent_as_a_notification;
 
     // Streams, the node as caller.
-    real items_beyond_the_credit(streams_setup()) => streams::items_beyond_the_credit;
+    // A caller's idle bound below the close timeout: the stream must end
+    // with the session's close, not with the caller giving up.
+    real items_beyond_the_credit(
+        streams_setup().limits(|l| l.stream_idle_timeout = Duration::from_millis(800))
+    ) => streams::items_beyond_the_credit;
     real an_item_for_one_of_the_nodes_requests(streams_setup())
         => streams::an_item_for_one_of_the_nodes_requests;
     real items_for_streams_that_do_not_exist(streams_setup())
@@ -244,13 +249,12 @@ attacks! {
     paused network_partition(Setup::memory()) => faults::network_partition;
 }
 
-/// The node of the stream attacks: a short idle bound for streams (a
-/// handler without credit gives up after 300 ms, and so does a stream
-/// the node calls that gets no item) and a small window for the streams
-/// it calls (8 items, 256 bytes).
+/// The node of the stream attacks: a small window for the streams it
+/// calls (8 items, 256 bytes), and an idle bound for streams (10 s) that
+/// no attack waits for but the one that is about it.
 fn streams_setup() -> Setup {
     Setup::tcp().limits(|l| {
-        l.stream_idle_timeout = Duration::from_millis(300);
+        l.stream_idle_timeout = Duration::from_secs(10);
         l.stream_window_items = 8;
         l.stream_window_bytes = 256;
     })

@@ -563,7 +563,9 @@ async fn drain_stream(s: &mut ItemStream<String>) -> (Vec<String>, Option<CallEr
 /// A callee that sends more than it was granted, in items or in bytes,
 /// or one item larger than the whole window: `protocol_error`, the
 /// session ends, and the node's stream ends with a lost peer after at
-/// most the items within credit.
+/// most the items within credit: at the close, not when the stream is
+/// dropped (the node's idle bound for the stream, 800 ms here, is shorter
+/// than its close timeout, and the attacker does not hang up).
 pub async fn items_beyond_the_credit(a: Arena) -> Expect {
     let window = a.setup.limits.stream_window_items as usize;
     let bytes = a.setup.limits.stream_window_bytes as usize;
