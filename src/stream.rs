@@ -200,7 +200,7 @@ impl<T: Serialize> Items<T> {
 }
 
 /// The items of a stream this node called, as they arrive: a
-/// [`Stream`](futures_util::Stream) of `Result<T, CallError>`, ended by
+/// [`Stream`] of `Result<T, CallError>`, ended by
 /// `None` after the last item when the handler finished well, or by one
 /// `Err` when it did not (its error, a lost session, a deadline). Taking
 /// items is what grants the handler room for more.
