@@ -5,7 +5,9 @@
 //! handshake by hand through the transport's I/O-free states (or forges
 //! one over snow's primitives, to send keys it has no secret for), seals
 //! each message itself, writes its own chunks and hand-made CBOR, and
-//! reads the node's messages with a `RecordDecoder`. Each attack is a
+//! reads the node's messages with a `RecordDecoder`. It speaks protocol
+//! 2 (its first hello lists `core.protocol` 2.0.0, WIRE.md 4.1), or
+//! protocol 1 when an attack needs a version-1 session. Each attack is a
 //! small async fn in `tests/adversary/`, played against a fresh node
 //! (loopback TCP, or in-memory pairs through `Node::accept_stream` when
 //! it needs paused time); the harness (`tests/adversary/arena.rs`) then
@@ -50,6 +52,12 @@
 //! | Bind: wrong code 3 times, expired, wrong sender, no pending, two at once | `bind_wrong_code_three_times`, `wrong_codes_at_once_get_three_attempts_in_all`, `bind_with_an_expired_code`, `bind_from_the_wrong_sender`, `bind_without_a_pending_bind`, `control_planes_binding_at_once` | tests/dispatch.rs, authz/tests/bind.rs |
 //! | A peer killed mid-request | `peer_cut_mid_request` | tests/calls.rs |
 //! | A network partition between two hosts | `network_partition` (a link that goes silent, then a new one) | |
+//! | Streams, the node as callee (WIRE.md 4.9): a caller that never grants credit, grants absurd credit (2^32-1 again and again, and beyond it), or grants for streams that are not open | `a_caller_that_never_grants_credit`, `a_caller_that_grants_absurd_credit`, `credit_for_streams_that_are_not_open` | tests/streams.rs, src/proto/streams.rs unit tests |
+//! | Streams: 10,000 opened at once (beyond `max_inflight`: `overloaded`; memory bounded; released when the peer leaves) | `ten_thousand_streams_at_once` | tests/bounds.rs (requests) |
+//! | Streams: cancel racing the end, cancel twice, cancel then credit; a repeated `req_id` of an open and of an ended stream | `cancel_and_end_races`, `repeated_req_id_of_an_open_and_an_ended_stream` | tests/streams.rs |
+//! | Streams on a version-1 session (`unknown_verb`; `item` and `credit` frames: `protocol_error`), and a stream verb sent as a notification (dropped) | `stream_verb_on_a_version_1_session`, `stream_frames_on_a_version_1_session`, `a_stream_verb_sent_as_a_notification` | tests/streams.rs |
+//! | Streams, the node as caller: items beyond the credit (items, bytes, one item over the window), an item for one of the node's plain requests | `items_beyond_the_credit`, `an_item_for_one_of_the_nodes_requests` | src/proto/session.rs unit tests |
+//! | Streams, the node as caller: items for streams that do not exist or were cancelled, a stream ended twice and fed after its end, a flood within credit while the application does not read | `items_for_streams_that_do_not_exist`, `a_stream_ended_twice_then_fed`, `a_flood_within_credit_while_the_caller_does_not_read` | tests/sim.rs `a_partition_mid_stream_ends_it_on_both_sides` |
 //! | A node restarted (kill -9) while config writes are in flight | not in this harness: it needs a process to kill | tests/crash.rs `acknowledged_config_writes_survive_sigkill_and_retries_are_not_applied_twice` |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -67,7 +75,7 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 /// not turn into an allocation of that size.
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-use kit::{bind, bounds, chokepoint, faults, frames, handshake, ledger, linger, records};
+use kit::{bind, bounds, chokepoint, faults, frames, handshake, ledger, linger, records, streams};
 
 /// Declares the attacks: one test each, and the list of their names.
 macro_rules! attacks {
@@ -198,9 +206,58 @@ attacks! {
     real wrong_codes_at_once_get_three_attempts_in_all(Setup::tcp())
         => bind::wrong_codes_at_once_get_three_attempts_in_all;
 
+    // Streams, the node as callee.
+    real a_caller_that_never_grants_credit(
+        streams_setup().limits(|l| l.stream_idle_timeout = Duration::from_millis(300))
+    ) => streams::a_caller_that_never_grants_credit;
+    real a_caller_that_grants_absurd_credit(Setup::memory().limits(|l| {
+        l.max_queued_bytes_per_session = 64 * 1024;
+        l.stream_idle_timeout = Duration::from_secs(10);
+    })) => streams::a_caller_that_grants_absurd_credit;
+    real credit_for_streams_that_are_not_open(streams_setup())
+        => streams::credit_for_streams_that_are_not_open;
+    real ten_thousand_streams_at_once(Setup::tcp().limits(|l| {
+        l.stream_idle_timeout = Duration::from_secs(30);
+    })) => streams::ten_thousand_streams_at_once;
+    real cancel_and_end_races(streams_setup()) => streams::cancel_and_end_races;
+    real repeated_req_id_of_an_open_and_an_ended_stream(streams_setup())
+        => streams::repeated_req_id_of_an_open_and_an_ended_stream;
+    real stream_verb_on_a_version_1_session(streams_setup())
+        => streams::stream_verb_on_a_version_1_session;
+    real stream_frames_on_a_version_1_session(streams_setup())
+        => streams::stream_frames_on_a_version_1_session;
+    real a_stream_verb_sent_as_a_notification(streams_setup())
+        => streams::a_stream_verb_sent_as_a_notification;
+
+    // Streams, the node as caller.
+    // A caller's idle bound below the close timeout: the stream must end
+    // with the session's close, not with the caller giving up.
+    real items_beyond_the_credit(
+        streams_setup().limits(|l| l.stream_idle_timeout = Duration::from_millis(800))
+    ) => streams::items_beyond_the_credit;
+    real an_item_for_one_of_the_nodes_requests(streams_setup())
+        => streams::an_item_for_one_of_the_nodes_requests;
+    real items_for_streams_that_do_not_exist(streams_setup())
+        => streams::items_for_streams_that_do_not_exist;
+    real a_stream_ended_twice_then_fed(streams_setup())
+        => streams::a_stream_ended_twice_then_fed;
+    real a_flood_within_credit_while_the_caller_does_not_read(streams_setup())
+        => streams::a_flood_within_credit_while_the_caller_does_not_read;
+
     // Faults.
     real peer_cut_mid_request(Setup::tcp()) => faults::peer_cut_mid_request;
     paused network_partition(Setup::memory()) => faults::network_partition;
+}
+
+/// The node of the stream attacks: a small window for the streams it
+/// calls (8 items, 256 bytes), and an idle bound for streams (10 s) that
+/// no attack waits for but the one that is about it.
+fn streams_setup() -> Setup {
+    Setup::tcp().limits(|l| {
+        l.stream_idle_timeout = Duration::from_secs(10);
+        l.stream_window_items = 8;
+        l.stream_window_bytes = 256;
+    })
 }
 
 /// Every row of the coverage table above names attacks that exist, and

@@ -28,7 +28,11 @@
 //! `crash_and_retry` (a state-changing request retried with the same
 //! req_id across a crash of the node host, before the request arrives,
 //! between the two writes of a `create`, after the change but before its
-//! answer reaches the caller, or after the answer: applied once).
+//! answer reaches the caller, or after the answer: applied once) and
+//! `partition_mid_stream` (a stream of the node's, items flowing, cut by
+//! a partition both ways or one way: it ends on both sides with typed
+//! errors within the streams' idle bounds, long before the sessions' idle
+//! timeout, and after the heal a new stream on a new session works).
 //!
 //! Seeded: turmoil's `Builder::rng_seed` (latency of each segment, host
 //! order each step), a `StdRng` for the harness (which calls, their
@@ -84,7 +88,8 @@ use capwire::manifest::{
     SetConfigReply, verb,
 };
 use capwire::{
-    CallError, Capability, Contact, ControlEvent, HandlerError, Invite, Keypair, Node, NodeId, Peer,
+    CallError, Capability, Contact, ControlEvent, HandlerError, Invite, Items, Keypair, Limits,
+    Node, NodeId, Peer, State,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -111,6 +116,61 @@ async fn work(ms: u64) -> Result<u64, HandlerError> {
     tokio::time::sleep(Duration::from_millis(ms)).await;
     Ok(ms)
 }
+
+verb! {
+    /// A stream (protocol 2) of 0, 1, 2, ..., one item every this many
+    /// (simulated) milliseconds, as credit allows, until stopped.
+    pub struct Ticks: stream "app.sim" / "ticks", Bootstrap, u64 => u64;
+}
+
+/// How each `ticks` handler ended, with the simulated time: `Idle` or
+/// `Gone` (an item could not be sent), or `dropped` (cancelled: the
+/// caller's cancel, or the session's end).
+#[derive(Clone, Default)]
+struct StreamLog(Arc<Mutex<Vec<(Duration, String)>>>);
+
+impl StreamLog {
+    fn ends(&self) -> Vec<(Duration, String)> {
+        lock(&self.0).clone()
+    }
+}
+
+struct TicksEnded {
+    log: StreamLog,
+    how: String,
+}
+
+impl Drop for TicksEnded {
+    fn drop(&mut self) {
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        lock(&self.log.0).push((at, std::mem::take(&mut self.how)));
+    }
+}
+
+async fn ticks(
+    every_ms: u64,
+    mut items: Items<u64>,
+    State(log): State<StreamLog>,
+) -> Result<(), HandlerError> {
+    let mut ended = TicksEnded {
+        log,
+        how: "dropped".into(),
+    };
+    for n in 0.. {
+        if let Err(e) = items.send(n).await {
+            ended.how = format!("{e:?}");
+            return Err(e.into());
+        }
+        tokio::time::sleep(Duration::from_millis(every_ms)).await;
+    }
+    Ok(())
+}
+
+/// Both sides' `stream_idle_timeout` in the simulation.
+const STREAM_IDLE: Duration = Duration::from_secs(5);
+
+/// The window of the control plane's streams, in items.
+const STREAM_WINDOW: u32 = 4;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -336,6 +396,8 @@ struct Slot {
     starts: u32,
     /// The control plane, once it runs.
     cp: Option<Node>,
+    /// How the node's `ticks` handlers ended.
+    streams: StreamLog,
 }
 
 type SharedSlot = Arc<Mutex<Slot>>;
@@ -356,14 +418,21 @@ fn node_software(
     move || {
         let (dir, slot) = (dir.clone(), slot.clone());
         Box::pin(async move {
+            let log = lock(&slot).streams.clone();
             let mut builder = Node::builder("sim-node")
                 .keypair(keypair(seed, 1))
                 .host(SimHost)
-                .limits(capwire::Limits {
+                .limits(Limits {
                     replay_window: REPLAY_WINDOW,
-                    ..capwire::Limits::default()
+                    stream_idle_timeout: STREAM_IDLE,
+                    ..Limits::default()
                 })
-                .capability(Capability::new("app.sim", "1.0.0")?.handle(Work, work));
+                .capability(
+                    Capability::new("app.sim", "1.0.0")?
+                        .handle(Work, work)
+                        .stream(Ticks, ticks),
+                )
+                .state(log);
             if let Some(dir) = dir {
                 builder = builder.state_dir(dir);
             }
@@ -556,6 +625,11 @@ impl Sessions {
 async fn start_cp(seed: u64, slot: &SharedSlot) -> Node {
     let cp = Node::builder("sim-cp")
         .keypair(keypair(seed, 2))
+        .limits(Limits {
+            stream_idle_timeout: STREAM_IDLE,
+            stream_window_items: STREAM_WINDOW,
+            ..Limits::default()
+        })
         .start()
         .await
         .unwrap();
@@ -1295,6 +1369,151 @@ where
 }
 
 // ---------------------------------------------------------------------------
+// Scenario 3: a partition in the middle of a stream.
+// ---------------------------------------------------------------------------
+
+/// Runs scenario 3 for `seed`; returns the trace. The cut is a partition
+/// both ways (seed 0 mod 3), or one way from the control plane to the
+/// node (1) or from the node to the control plane (2).
+fn partition_mid_stream(seed: u64) -> Vec<String> {
+    let trace = Trace::default();
+    let guard = OnFailure::new("partition_mid_stream", seed, &trace);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x57ea_3000);
+    let mut sim = sim_builder(seed, &mut rng).build();
+    let slot = SharedSlot::default();
+    let cp_id = keypair(seed, 2).public();
+    sim.host(NODE, node_software(seed, None, cp_id, slot.clone()));
+    let (t, s) = (trace.clone(), slot.clone());
+    sim.client(CP, async move {
+        partition_mid_stream_cp(seed, rng, s, t).await;
+        Ok(())
+    });
+    let mut sessions = Sessions::default();
+    while !sim.step().unwrap() {
+        guard.stepped(&sim);
+        sessions.observe(&sim, &slot, &trace);
+    }
+    trace.lines()
+}
+
+/// Waits (simulated time) until the node's `n`-th `ticks` handler has
+/// ended, or `deadline`; its end.
+async fn nth_stream_end(slot: &SharedSlot, n: usize, deadline: Instant) -> (Duration, String) {
+    let log = lock(slot).streams.clone();
+    loop {
+        if let Some(end) = log.ends().get(n) {
+            return end.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node's stream handler {n} has not ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn partition_mid_stream_cp(seed: u64, mut rng: StdRng, slot: SharedSlot, trace: Trace) {
+    let cp = start_cp(seed, &slot).await;
+    let node_id = wait_for_invite(&slot).await.node_id;
+    let peer = dial(&cp, node_id, &trace).await;
+    let every = rng.random_range(20..80u64);
+    let mut items = peer.stream(Ticks, every).await.unwrap();
+    let before = rng.random_range(3..30u64);
+    let mut last = Instant::now();
+    for n in 0..before {
+        let item = tokio::time::timeout(STREAM_IDLE, items.next())
+            .await
+            .expect("items flow before the cut");
+        assert_eq!(item.unwrap().unwrap(), n);
+        last = Instant::now();
+    }
+    trace.event(format!("stream: {before} items, one every {every} ms"));
+    let cut = match seed % 3 {
+        0 => Cut::Partition,
+        1 => Cut::OneWay(CP, NODE),
+        _ => Cut::OneWay(NODE, CP),
+    };
+    // Anywhere between two items.
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..every))).await;
+    cut.start();
+    let cut_at = Instant::now();
+    let cut_sim = turmoil::sim_elapsed().unwrap_or_default();
+    trace.event(format!("{cut:?} mid-stream"));
+
+    // The caller: the items already granted that still get through, then
+    // its idle bound ends the stream (and it sends a cancel).
+    let mut after = 0u64;
+    let end = loop {
+        match tokio::time::timeout(STREAM_IDLE + Duration::from_secs(1), items.next()).await {
+            Err(_) => panic!("the stream neither yields nor ends within its idle bound"),
+            Ok(Some(Ok(n))) => {
+                assert_eq!(n, before + after, "in order");
+                after += 1;
+                last = Instant::now();
+            }
+            Ok(Some(Err(e))) => break e,
+            Ok(None) => panic!("the stream ended well under a partition"),
+        }
+    };
+    let quiet = last.elapsed();
+    trace.event(format!(
+        "caller: {after} more items, then {} {} ms after the last",
+        error_name(&end),
+        quiet.as_millis()
+    ));
+    assert!(matches!(end, CallError::Idle), "{end:?}");
+    assert!(
+        quiet >= STREAM_IDLE && quiet <= STREAM_IDLE + Duration::from_millis(2),
+        "the caller gave up {quiet:?} after its last item, its idle bound is {STREAM_IDLE:?}"
+    );
+    assert!(
+        after <= u64::from(STREAM_WINDOW),
+        "{after} items beyond a window of {STREAM_WINDOW}"
+    );
+    assert!(items.next().await.is_none());
+
+    // The node: its handler stops, for want of credit (its idle bound,
+    // after at most a window of items) or at the caller's cancel, long
+    // before the sessions' idle timeout (60 s).
+    let bound = Duration::from_millis(every * u64::from(STREAM_WINDOW + 1))
+        + STREAM_IDLE
+        + Duration::from_secs(1);
+    let (at, how) = nth_stream_end(&slot, 0, cut_at + bound).await;
+    trace.event(format!(
+        "node: the handler ended ({how}) {} ms after the cut",
+        at.saturating_sub(cut_sim).as_millis()
+    ));
+    assert!(how == "Idle" || how == "dropped", "{how}");
+    assert!(
+        at.saturating_sub(cut_sim) <= bound,
+        "ended {at:?}, cut at {cut_sim:?}"
+    );
+    if matches!(cut, Cut::Partition | Cut::OneWay(CP, NODE)) {
+        assert_eq!(how, "Idle", "the cancel cannot reach the node");
+    }
+
+    // Healed, well before the sessions' idle timeout: a new session, a
+    // new stream, in order from 0.
+    let length = Duration::from_millis(rng.random_range(12_000..20_000));
+    tokio::time::sleep(length.saturating_sub(cut_at.elapsed())).await;
+    cut.heal();
+    trace.event("heal");
+    let peer = dial(&cp, node_id, &trace).await;
+    let mut again = peer.stream(Ticks, every).await.unwrap();
+    for n in 0..5 {
+        let item = tokio::time::timeout(STREAM_IDLE, again.next())
+            .await
+            .expect("items flow after the heal");
+        assert_eq!(item.unwrap().unwrap(), n);
+    }
+    trace.event("after the heal: 5 items on a new stream");
+    drop(again);
+    let (_, how) = nth_stream_end(&slot, 1, Instant::now() + STREAM_IDLE).await;
+    trace.event(format!("node: the new stream's handler ended ({how})"));
+    assert_eq!(how, "dropped", "the caller's cancel stops it");
+}
+
+// ---------------------------------------------------------------------------
 // The tests.
 // ---------------------------------------------------------------------------
 
@@ -1330,17 +1549,29 @@ fn a_request_retried_across_a_crash_is_applied_exactly_once() {
 }
 
 #[test]
+fn a_partition_mid_stream_ends_it_on_both_sides() {
+    // Each kind of cut: both ways, one way each way.
+    for seed in 0..3 {
+        let trace = partition_mid_stream(seed);
+        verbose(&trace);
+    }
+}
+
+#[test]
 fn seed_sweep() {
     for seed in seeds() {
         let started = std::time::Instant::now();
         let a = partition_and_heal(seed);
         let b = crash_and_retry(seed, None);
+        let c = partition_mid_stream(seed);
         verbose(&a);
         verbose(&b);
+        verbose(&c);
         eprintln!(
-            "seed {seed}: {} + {} events in {:?}",
+            "seed {seed}: {} + {} + {} events in {:?}",
             a.len(),
             b.len(),
+            c.len(),
             started.elapsed()
         );
     }
@@ -1368,5 +1599,11 @@ fn the_same_seed_gives_the_same_trace() {
         let first = crash_and_retry(seed, None);
         let second = crash_and_retry(seed, None);
         assert_eq!(first, second, "crash_and_retry: seed {seed} ran two ways");
+        let first = partition_mid_stream(seed);
+        let second = partition_mid_stream(seed);
+        assert_eq!(
+            first, second,
+            "partition_mid_stream: seed {seed} ran two ways"
+        );
     }
 }

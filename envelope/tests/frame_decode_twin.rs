@@ -1,6 +1,7 @@
 //! The property-test twin of the `frame_decode` fuzz target: random bytes,
-//! CBOR-shaped token soup and mutated valid frames never panic the decoder,
-//! and whatever decodes survives a re-encode.
+//! CBOR-shaped token soup and mutated valid frames (every kind, `item` and
+//! `credit` of protocol 2 included) never panic the decoder, and whatever
+//! decodes survives a re-encode.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 #[path = "support/frame_decode.rs"]
@@ -79,6 +80,13 @@ fn token() -> impl Strategy<Value = Vec<u8>> {
         text("max_record"),
         text("max_inflight"),
         text("keepalive_ms"),
+        // Protocol 2.
+        text("item"),
+        text("credit"),
+        text("items"),
+        text("bytes"),
+        vec![0x1a, 0xff, 0xff, 0xff, 0xff],
+        vec![0x1b, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00],
     ];
     prop_oneof![
         4 => proptest::sample::select(fixed),
@@ -140,6 +148,21 @@ fn valid_frame() -> impl Strategy<Value = Vec<u8>> {
             ("req_id".to_owned(), text("7")),
         ],
         vec![("type".to_owned(), text("keepalive"))],
+        // Protocol 2: an item (a nested item) and a credit at its bounds.
+        vec![
+            ("type".to_owned(), text("item")),
+            ("req_id".to_owned(), text("7")),
+            (
+                "item".to_owned(),
+                map(&[("t", text("tok")), ("n", uint(3))]),
+            ),
+        ],
+        vec![
+            ("type".to_owned(), text("credit")),
+            ("req_id".to_owned(), text("7")),
+            ("items".to_owned(), uint(16)),
+            ("bytes".to_owned(), uint(u64::from(u32::MAX))),
+        ],
     ];
     proptest::sample::select(frames)
         .prop_flat_map(|fields| Just(fields).prop_shuffle())

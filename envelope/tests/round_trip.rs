@@ -1,14 +1,14 @@
-//! Round trips: every frame kind with arbitrary contents, arbitrary names
-//! through the fast encoder, and arbitrary values through the strict serde
-//! helpers.
+//! Round trips: every frame kind (`item` and `credit` included) with
+//! arbitrary contents, arbitrary names through the fast encoder, and
+//! arbitrary values through the strict serde helpers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::collections::BTreeMap;
 
 use capwire_envelope::{
-    Cancel, CapId, Close, CloseCode, ControlEnvelope, ErrorBody, ErrorCode, Frame, FrameRef, Hello,
-    Limits, MAX_NAME_LEN, RawValue, ReqId, ResponseEnvelope, Verb, decode_frame, encode_control,
-    encode_frame, from_slice, to_vec,
+    Cancel, CapId, Close, CloseCode, ControlEnvelope, Credit, ErrorBody, ErrorCode, Frame,
+    FrameRef, Hello, Limits, MAX_NAME_LEN, RawValue, ReqId, ResponseEnvelope, StreamItem, Verb,
+    decode_frame, encode_control, encode_frame, from_slice, to_vec,
 };
 use ciborium::Value;
 use proptest::prelude::*;
@@ -121,6 +121,15 @@ fn frame() -> impl Strategy<Value = Frame> {
         (proptest::sample::select(CloseCode::ALL.to_vec()), ".{0,60}")
             .prop_map(|(code, reason)| Frame::Close(Close { code, reason })),
         Just(Frame::Keepalive),
+        (nonempty_req_id(), raw())
+            .prop_map(|(req_id, item)| Frame::Item(StreamItem { req_id, item })),
+        (nonempty_req_id(), any::<u32>(), any::<u32>()).prop_map(|(req_id, items, bytes)| {
+            Frame::Credit(Credit {
+                req_id,
+                items,
+                bytes,
+            })
+        }),
     ]
 }
 

@@ -416,6 +416,8 @@ impl Driver {
                     Event::Opened => self.opened(),
                     Event::ManifestChanged => self.env.hooks.manifest_changed(&self.session),
                     Event::Reply(waiter, reply) => waiter.send(reply),
+                    // Dropped: the caller sees the peer lost.
+                    Event::Lost(waiter) => drop(waiter),
                     Event::Item(sink, item) => {
                         self.env
                             .streams

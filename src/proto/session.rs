@@ -168,6 +168,9 @@ pub(crate) enum Event<W, J, S> {
     Finished(u64),
     /// One of our calls was answered (for a stream: it ended).
     Reply(W, Reply),
+    /// One of our calls can get no answer any more: the session is
+    /// closing, and nothing the peer sends is read. Fail it (peer lost).
+    Lost(W),
     /// An item of one of our streams arrived (the raw item, sliced from
     /// the record), within the credit we granted.
     Item(S, Bytes),
@@ -564,6 +567,13 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
         self.end = Some(End::Local(code, reason.to_owned()));
         self.phase = Phase::Closing;
         self.stop_work();
+        // Nothing the peer sends is read from now on, so no answer can
+        // come: our calls and streams fail now, not when the stream is
+        // dropped after the close (up to the close timeout later).
+        for (req_id, (waiter, _)) in self.calls.drain() {
+            self.streams.close(&req_id);
+            self.events.push_back(Event::Lost(waiter));
+        }
     }
 
     /// The stream is gone (or the driver is done with it): every call
@@ -1525,8 +1535,62 @@ pub(crate) mod tests {
             c.call(ReqId::from_u64(2), control("app.t", "echo", "2", &"x"), 2),
             Err(Refused::Closed)
         ));
-        assert_eq!(c.end(End::Lost("gone".into())), vec![1]);
+        // No answer can come any more: the call fails at the close.
+        assert!(matches!(c.poll_event(), Some(Event::Lost(1))));
+        assert_eq!(c.pending_calls(), 0);
+        assert!(c.end(End::Lost("gone".into())).is_empty());
         assert!(c.is_ended());
+    }
+
+    #[test]
+    fn a_protocol_error_fails_our_calls_and_streams_at_once() {
+        let d = dispatcher();
+        let now = Instant::now();
+        let mut c = core(&d, now);
+        // Our (made-up) hello goes first.
+        c.transmit::<()>(usize::MAX, |_| Ok(())).unwrap();
+        c.handle_record(now, crate::fuzzing::peer_hello_v2(REMOTE, 1), &d);
+        assert!(matches!(c.poll_event(), Some(Event::Opened)));
+        assert_eq!(c.version(), PROTOCOL_V2);
+        c.call(ReqId::from_u64(1), control("app.t", "echo", "1", &"x"), 1)
+            .unwrap();
+        let w = Window {
+            items: 2,
+            bytes: 64,
+        };
+        c.open_stream(
+            ReqId::from_u64(2),
+            control("app.t", "gen", "2", &3),
+            2,
+            20,
+            w,
+        )
+        .unwrap();
+        sent(&mut c);
+        // Three items for a window of two: the session closes.
+        for _ in 0..3 {
+            let mut item = Vec::new();
+            capwire_envelope::encode_item(&mut item, &ReqId::from_u64(2), &[0x01]).unwrap();
+            c.handle_record(now, item.into(), &d);
+        }
+        assert!(c.is_closing());
+        let mut lost = Vec::new();
+        let mut items = 0;
+        while let Some(e) = c.poll_event() {
+            match e {
+                Event::Lost(w) => lost.push(w),
+                Event::Item(20, _) => items += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        lost.sort_unstable();
+        assert_eq!((lost, items), (vec![1, 2], 2));
+        assert_eq!(c.pending_calls(), 0);
+        assert_eq!(c.streams(), (0, 0));
+        let frames = sent(&mut c);
+        assert!(
+            matches!(frames.last(), Some(Frame::Close(x)) if x.code == CloseCode::ProtocolError)
+        );
     }
 
     #[test]

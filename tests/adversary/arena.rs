@@ -6,9 +6,9 @@
 //!                     │
 //!          attack(arena) ──► Expect (handler runs it caused, binding)
 //!                     │
-//!   settle: no session, handshake, job or queued byte left
-//!   check:  handler runs (and the ok counters agree), no controller
-//!           verb ran unbound, binding, config, roster, contacts, ledger
+//!   settle: no session, handshake, job, stream or queued byte left
+//!   check:  handler runs (and the ok counters agree), every stream
+//!           handler ended, no controller verb ran unbound, binding, config, roster, contacts, ledger
 //!           within its budget
 //!   honest: a fresh Peer's request succeeds within HONEST
 //!   stop:   shutdown within shutdown_grace + close_timeout + 350 ms
@@ -31,7 +31,7 @@ use capwire::{
 use tokio::time::Instant;
 
 use crate::kit::cap::{self, Echo, Tally, get};
-use crate::kit::wire::{Io, Wire};
+use crate::kit::wire::{Io, Speaks, Wire};
 
 /// How long an honest request may take once the attack is over.
 pub const HONEST: Duration = Duration::from_secs(5);
@@ -229,10 +229,24 @@ impl Arena {
         self.wire_as(&Keypair::generate().unwrap()).await
     }
 
-    /// A session by hand as `keypair`, hellos exchanged.
+    /// A session by hand as `keypair`, hellos exchanged (protocol 2).
     pub async fn wire_as(&self, keypair: &Keypair) -> Wire {
+        self.wire_speaking(keypair, Speaks::V2).await
+    }
+
+    /// A session by hand with a fresh identity that speaks protocol 1 only.
+    pub async fn wire_v1(&self) -> Wire {
+        let w = self
+            .wire_speaking(&Keypair::generate().unwrap(), Speaks::V1)
+            .await;
+        assert_eq!(w.version, 1);
+        w
+    }
+
+    /// A session by hand as `keypair`, speaking `speaks`, hellos exchanged.
+    pub async fn wire_speaking(&self, keypair: &Keypair, speaks: Speaks) -> Wire {
         let mut w = self.handshake_as(keypair).await.expect("the handshake");
-        assert!(w.hello().await, "the node's hello");
+        assert!(w.hello_as(speaks).await, "the node's hello");
         w
     }
 
@@ -276,7 +290,7 @@ impl Arena {
     }
 
     /// Waits until the node holds nothing for the attack any more: no
-    /// session, no handshake, no job, no queued byte.
+    /// session, no handshake, no job, no stream, no queued byte.
     async fn settle(&self, name: &str) -> NodeStats {
         let deadline = Instant::now() + SETTLE;
         loop {
@@ -287,7 +301,10 @@ impl Arena {
                 && s.inflight == 0
                 && s.queued_bytes == 0
                 && s.pending_calls == 0
-                && s.ledger.running == 0;
+                && s.streams_served == 0
+                && s.streams_called == 0
+                && s.ledger.running == 0
+                && get(&self.tally.gen_streams) == get(&self.tally.gen_ended);
             if idle {
                 return s;
             }

@@ -1,13 +1,14 @@
 //! `app.adv`: the capability every target node serves. Each handler counts
 //! its runs, so an attack can assert that nothing ran; the controller verb
 //! also checks, while it runs, that its sender really is the bound control
-//! plane.
+//! plane. The stream verb `gen` counts its items and how each stream
+//! ended, so an attack can tell what the node's handler saw.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use capwire::manifest::verb;
-use capwire::{Capability, HandlerError, Meta, NodeHandle, Sender, State};
+use capwire::{Capability, HandlerError, Items, Meta, NodeHandle, Sender, State, StreamClosed};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +33,15 @@ verb! {
     pub struct Blob: request "app.adv" / "blob", Bootstrap, u32 => String;
 }
 
+verb! {
+    /// A stream (protocol 2) of the items 0, 1, 2, ... up to (not
+    /// including) the number asked for, as fast as credit allows.
+    pub struct Gen: stream "app.adv" / "gen", Bootstrap, u32 => u32;
+}
+
+/// `gen` asked for this many items: it never ends on its own.
+pub const FOREVER: u32 = u32::MAX;
+
 /// What the handlers did.
 #[derive(Debug)]
 pub struct Tally {
@@ -42,6 +52,14 @@ pub struct Tally {
     pub note: AtomicU64,
     pub hold: AtomicU64,
     pub blob: AtomicU64,
+    /// `gen` streams that started, and whose futures ended (returned or
+    /// dropped).
+    pub gen_streams: AtomicU64,
+    pub gen_ended: AtomicU64,
+    /// Items the `gen` handlers got into the session's send queue.
+    pub gen_items: AtomicU64,
+    /// Why `gen` handlers could not send an item, in order.
+    pub gen_closed: Mutex<Vec<StreamClosed>>,
     /// `admin` runs whose sender was not the bound control plane when the
     /// handler ran: must stay 0.
     pub unbound_admin: AtomicU64,
@@ -62,6 +80,10 @@ impl Default for Tally {
             note: AtomicU64::new(0),
             hold: AtomicU64::new(0),
             blob: AtomicU64::new(0),
+            gen_streams: AtomicU64::new(0),
+            gen_ended: AtomicU64::new(0),
+            gen_items: AtomicU64::new(0),
+            gen_closed: Mutex::new(Vec::new()),
             unbound_admin: AtomicU64::new(0),
             hold_ended: AtomicU64::new(0),
             tokens: Mutex::new(Vec::new()),
@@ -84,6 +106,11 @@ impl Tally {
     /// The cancel token of the `n`-th `hold` handler that started.
     pub fn token(&self, n: usize) -> CancellationToken {
         self.tokens.lock().unwrap()[n].clone()
+    }
+
+    /// Why `gen` handlers stopped sending, so far.
+    pub fn gen_closed(&self) -> Vec<StreamClosed> {
+        self.gen_closed.lock().unwrap().clone()
     }
 }
 
@@ -133,6 +160,31 @@ async fn blob(len: u32, State(t): State<Shared>) -> Result<String, HandlerError>
     Ok("b".repeat(len as usize))
 }
 
+struct GenEnded(Shared);
+
+impl Drop for GenEnded {
+    fn drop(&mut self) {
+        self.0.gen_ended.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn generate(
+    n: u32,
+    mut items: Items<u32>,
+    State(t): State<Shared>,
+) -> Result<(), HandlerError> {
+    let _ended = GenEnded(t.clone());
+    count(&t, &t.gen_streams);
+    for i in 0..n {
+        if let Err(e) = items.send(i).await {
+            t.gen_closed.lock().unwrap().push(e.clone());
+            return Err(e.into());
+        }
+        t.gen_items.fetch_add(1, Ordering::SeqCst);
+    }
+    Ok(())
+}
+
 /// `app.adv` 1.0.0 with every verb above.
 pub fn capability() -> Capability {
     Capability::new("app.adv", "1.0.0")
@@ -142,4 +194,5 @@ pub fn capability() -> Capability {
         .handle(Note, note)
         .handle(Hold, hold)
         .handle(Blob, blob)
+        .stream(Gen, generate)
 }

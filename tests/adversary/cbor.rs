@@ -100,3 +100,51 @@ pub fn nested_maps(n: usize) -> Vec<u8> {
     v.push(NULL);
     v
 }
+
+/// An `item` frame (protocol 2) of stream `req_id` carrying `item`.
+pub fn item(req_id: &str, item: Vec<u8>) -> Vec<u8> {
+    tmap(&[
+        ("type", text("item")),
+        ("req_id", text(req_id)),
+        ("item", item),
+    ])
+}
+
+/// A `credit` frame (protocol 2) for stream `req_id`; the counts may be
+/// out of the frame's range (beyond 2^32-1).
+pub fn credit(req_id: &str, items: u64, bytes: u64) -> Vec<u8> {
+    tmap(&[
+        ("type", text("credit")),
+        ("req_id", text(req_id)),
+        ("items", uint(items)),
+        ("bytes", uint(bytes)),
+    ])
+}
+
+/// A `cancel` frame.
+pub fn cancel(req_id: &str) -> Vec<u8> {
+    tmap(&[("type", text("cancel")), ("req_id", text(req_id))])
+}
+
+/// A successful `response` frame with an already-encoded result.
+pub fn response_ok(req_id: &str, result: Vec<u8>) -> Vec<u8> {
+    tmap(&[
+        ("type", text("response")),
+        ("req_id", text(req_id)),
+        ("ok", vec![0xf5]),
+        ("result", result),
+    ])
+}
+
+/// A failed `response` frame with error `code`.
+pub fn response_err(req_id: &str, code: &str) -> Vec<u8> {
+    tmap(&[
+        ("type", text("response")),
+        ("req_id", text(req_id)),
+        ("ok", vec![0xf4]),
+        (
+            "err",
+            tmap(&[("code", text(code)), ("message", text("from the attacker"))]),
+        ),
+    ])
+}

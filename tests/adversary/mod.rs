@@ -17,6 +17,7 @@ pub mod handshake;
 pub mod ledger;
 pub mod linger;
 pub mod records;
+pub mod streams;
 
 use std::time::Duration;
 

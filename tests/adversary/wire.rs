@@ -4,6 +4,14 @@
 //! drop them), writes its own chunks (so it can break the record rules),
 //! and opens what the node sends with a `RecordDecoder`, keeping every raw
 //! message (so it can reflect them).
+//!
+//! It speaks protocol 2 unless told otherwise (WIRE.md 4.1): its first
+//! hello lists `core.protocol` 2.0.0, so a session with a capwire node
+//! is a version-2 session, and it waits for the node's whole manifest
+//! (the second hello) before it counts the session open. With
+//! [`Speaks::V2WithStreams`] its manifest also lists a stream verb of its
+//! own (`app.evil/feed`): its first hello is then the version-1 view and
+//! a second hello naming protocol 2 follows, as a node's does.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -11,9 +19,13 @@ use std::time::Duration;
 use bytes::BytesMut;
 use capwire::Keypair;
 use capwire::envelope::{
-    CloseCode, Frame, NodeId, RawValue, ReqId, ResponseEnvelope, decode_frame, encode_control,
+    CloseCode, Frame, Hello, Limits as WireLimits, NodeId, PROTOCOL_V2, RawValue, ReqId,
+    ResponseEnvelope, decode_frame, encode_control,
 };
-use capwire::manifest::Manifest;
+use capwire::manifest::{
+    CORE_PROTOCOL, Capability, Manifest, MonitoringHandlers, MonitoringStatus, NodeInfo,
+    ProtocolVersions, Registry, Version, verb,
+};
 use capwire::transport::{
     CloseReason, Initiator, OsEntropy, RecordDecoder, Sealer, TransportError, TransportSession,
 };
@@ -21,6 +33,55 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::common::{bare_manifest, hello_frame, record};
+
+verb! {
+    /// The attacker's own stream verb, listed in its manifest with
+    /// [`Speaks::V2WithStreams`]: the node is made to call it, and the
+    /// attacker answers with frames of its choosing.
+    pub struct Feed: stream "app.evil" / "feed", Bootstrap, u32 => String;
+}
+
+/// Which protocol the hand-driven peer says it speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speaks {
+    /// Protocol 1 only: no `core.protocol` in its manifest.
+    V1,
+    /// Protocol 2 (`core.protocol` 2.0.0), no stream verb of its own.
+    V2,
+    /// Protocol 2, and a stream verb of its own (`app.evil/feed`).
+    V2WithStreams,
+}
+
+/// The peer's whole manifest for `id`.
+pub fn peer_manifest(id: NodeId, speaks: Speaks) -> Manifest {
+    if speaks == Speaks::V1 {
+        return bare_manifest(id);
+    }
+    let mut b = Registry::builder(
+        NodeInfo::new(id, "raw-peer"),
+        MonitoringHandlers {
+            bind: (),
+            disable: (),
+        },
+    )
+    .core_capability(
+        Capability::new(CORE_PROTOCOL, Version::new(2, 0, 0)).verb::<ProtocolVersions>(()),
+    );
+    if speaks == Speaks::V2WithStreams {
+        b = b.capability(Capability::new("app.evil", Version::new(1, 0, 0)).verb::<Feed>(()));
+    }
+    b.build().unwrap().manifest(MonitoringStatus::Off, 1)
+}
+
+/// A hello record naming `protocol`, with `manifest`.
+pub fn hello_record_of(manifest: &Manifest, protocol: u32) -> Vec<u8> {
+    let hello = Hello {
+        protocol,
+        manifest: RawValue::encode(manifest).unwrap(),
+        limits: WireLimits::default(),
+    };
+    record(&Frame::Hello(hello))
+}
 
 /// Any byte stream (TCP or one half of an in-memory pair).
 pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -126,8 +187,11 @@ pub struct Wire {
     pub id: NodeId,
     /// The node's identity as its handshake proved it.
     pub node: NodeId,
-    /// The manifest of the node's hello, once it came.
+    /// The manifest of the node's hello, once it came (its whole
+    /// manifest on a version-2 session).
     pub node_manifest: Option<Manifest>,
+    /// The session's protocol version, once the hellos are exchanged.
+    pub version: u32,
     /// The handshake, message by message.
     pub transcript: Transcript,
     stream: Io,
@@ -212,6 +276,7 @@ impl Wire {
             id,
             node,
             node_manifest: None,
+            version: 1,
             transcript,
             stream,
             sealer,
@@ -226,24 +291,72 @@ impl Wire {
         }
     }
 
-    /// Sends our hello and waits for the node's; `false` when the node's
-    /// first frame was not a hello (it is then left in the inbox).
+    /// Sends our hello (protocol 2, [`Speaks::V2`]) and waits for the
+    /// node's; `false` when the node's first frame was not a hello (it is
+    /// then left in the inbox).
     pub async fn hello(&mut self) -> bool {
-        let hello = hello_record(self.id);
-        self.send(&[&hello]).await;
-        match self.next(Duration::from_secs(10)).await {
+        self.hello_as(Speaks::V2).await
+    }
+
+    /// The hellos of WIRE.md 4.1 as a peer that `speaks`: our first hello
+    /// (`protocol` 1; the version-1 view when our manifest has a stream
+    /// verb), the node's first hello, then on a version-2 session our
+    /// whole manifest (`protocol` 2) when the first was a partial view,
+    /// and the node's whole manifest when its first hello was one, which
+    /// must come before any other frame. `false` when the node's first
+    /// frame was not a hello (it is then left in the inbox).
+    pub async fn hello_as(&mut self, speaks: Speaks) -> bool {
+        let whole = peer_manifest(self.id, speaks);
+        let first = whole.without_streams();
+        self.send(&[&hello_record_of(&first, 1)]).await;
+        let m = match self.next(Duration::from_secs(10)).await {
             Some(Frame::Hello(h)) => {
+                assert_eq!(h.protocol, 1, "a first hello names protocol 1 (4.1)");
                 let m: Manifest = h.manifest.decode().unwrap();
                 assert_eq!(m.node_id, self.node, "the node names itself");
-                self.node_manifest = Some(m);
-                true
+                assert!(!m.has_streams(), "a first hello shows no stream verb");
+                m
             }
             Some(other) => {
                 self.inbox.push_front(other);
-                false
+                return false;
             }
-            None => false,
+            None => return false,
+        };
+        let v2 = speaks != Speaks::V1 && m.protocol() >= PROTOCOL_V2;
+        let partial = m.is_partial_view();
+        self.node_manifest = Some(m);
+        if !v2 {
+            return true;
         }
+        self.version = PROTOCOL_V2;
+        if first.is_partial_view() {
+            self.send(&[&hello_record_of(&whole, PROTOCOL_V2)]).await;
+        }
+        if partial {
+            match self.next(Duration::from_secs(10)).await {
+                Some(Frame::Hello(h)) => {
+                    assert_eq!(
+                        h.protocol, PROTOCOL_V2,
+                        "the whole manifest names protocol 2"
+                    );
+                    let m: Manifest = h.manifest.decode().unwrap();
+                    assert_eq!(m.node_id, self.node);
+                    // At the view's epoch, or a newer one when the
+                    // manifest changed meanwhile.
+                    let view = self.node_manifest.as_ref().map_or(0, |v| v.epoch);
+                    assert!(
+                        m.epoch >= view,
+                        "the whole manifest is not older than the view"
+                    );
+                    self.node_manifest = Some(m);
+                }
+                other => panic!(
+                    "after a partial view the node's whole manifest comes first, got {other:?}"
+                ),
+            }
+        }
+        true
     }
 
     // ---------------------------------------------------------------
@@ -310,6 +423,27 @@ impl Wire {
             let msg = self.seal(&chunk(NEXT, &rest[..n]));
             ok &= self.write(&msg).await;
             rest = &rest[n..];
+        }
+        ok
+    }
+
+    /// Sends `records` packed into as few messages as they fit in (each a
+    /// RECORD chunk); `false` when the stream refused them.
+    pub async fn send_batched(&mut self, records: &[Vec<u8>]) -> bool {
+        let mut ok = true;
+        let mut plaintext = Vec::new();
+        for r in records {
+            assert!(r.len() + 3 <= MAX_PLAINTEXT, "a record for one chunk");
+            if plaintext.len() + 3 + r.len() > MAX_PLAINTEXT {
+                let msg = self.seal(&plaintext);
+                ok &= self.write(&msg).await;
+                plaintext.clear();
+            }
+            plaintext.extend(chunk(RECORD, r));
+        }
+        if !plaintext.is_empty() {
+            let msg = self.seal(&plaintext);
+            ok &= self.write(&msg).await;
         }
         ok
     }
@@ -453,6 +587,49 @@ impl Wire {
             self.fill(left).await;
         }
         true
+    }
+
+    /// The first frame (in the inbox, or arriving within `within`) that
+    /// `pick` accepts, taken out of the inbox; other frames stay there.
+    pub async fn wait_for(
+        &mut self,
+        within: Duration,
+        mut pick: impl FnMut(&Frame) -> bool,
+    ) -> Option<Frame> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(pos) = self.inbox.iter().position(&mut pick) {
+                return self.inbox.remove(pos);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.ended {
+                return None;
+            }
+            self.fill(left).await;
+        }
+    }
+
+    /// Reads what comes within `within` into the inbox (and `seen`).
+    pub async fn drain(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.ended {
+                return;
+            }
+            self.fill(left).await;
+        }
+    }
+
+    /// The items received so far for stream `req_id`, decoded as `T`.
+    pub fn items_of<T: serde::de::DeserializeOwned>(&self, req_id: &str) -> Vec<T> {
+        self.seen
+            .iter()
+            .filter_map(|f| match f {
+                Frame::Item(i) if i.req_id.as_str() == req_id => Some(i.item.decode().unwrap()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Responses received so far for `req_id`.

@@ -43,6 +43,7 @@ pub(crate) fn check(data: &[u8]) {
                 None => &[],
             },
         },
+        FrameRef::Item(i) => &[i.item],
         _ => &[],
     };
     for item in raw {
