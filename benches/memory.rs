@@ -21,13 +21,26 @@
 //!   `Node::connect` once, then each retrying a failed connect; time to
 //!   establish all, per-connect latency, failures by error, the server's
 //!   heap and RSS before and after.
+//! - `streams`: heap per open stream (protocol 2), per side, N streams on
+//!   one session with the callee in its own process: beside N pending
+//!   requests (the baseline), N idle streams (open, no item yet), N
+//!   streams whose callee sent a full window of 64 B items the caller has
+//!   not taken (heap beyond the items' bytes), what is left once all
+//!   ended; and the caller's heap for one slow stream's full window whose
+//!   items arrived among a bulk stream's.
+//! - `slow`: one stream whose producer goes as fast as credit allows and
+//!   whose consumer takes 10 items/s, for 10 s (`--slow`: 60 s): items
+//!   sent and not taken (at most the window), the caller's buffered
+//!   items, the callee's send queue and credit stalls, both heaps, once a
+//!   second.
 //!
-//! `cargo bench --bench memory` runs all (about a minute); `--quick` or
+//! `cargo bench --bench memory` runs all (about two minutes); `--quick` or
 //! `CAPWIRE_BENCH_QUICK=1` runs small sizes (a few seconds: the idle
 //! sessions still need 2.5 s to become quiet).
-//! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin` picks sections;
-//! `CAPWIRE_BENCH_N` sets N for `idle` and the session count for `fanin`;
-//! `CAPWIRE_BENCH_SECS` the length of the `ledger` run.
+//! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin,streams,slow` picks sections;
+//! `CAPWIRE_BENCH_N` sets N for `idle` and `streams` and the session count
+//! for `fanin`; `CAPWIRE_BENCH_SECS` the length of the `ledger` and `slow`
+//! runs.
 //!
 //! Each process needs one file descriptor per session and a few more:
 //! `fanin` needs `ulimit -n` of at least 1,100 (it says so, and skips,
@@ -44,7 +57,9 @@ use std::time::{Duration, Instant};
 
 use capwire::manifest::verb;
 use capwire::transport::{PROLOGUE, PROTOCOL_NAME};
-use capwire::{Addr, CallError, Capability, HandlerError, Limits, Node, NodeId};
+use capwire::{
+    Addr, CallError, Capability, HandlerError, ItemStream, Items, Limits, Node, NodeId, Peer,
+};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
@@ -57,6 +72,18 @@ use tokio::sync::Notify;
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 verb! { /** Echo. */ pub struct Echo: request "app.bench" / "echo", Bootstrap, String => String; }
+verb! { /** Opens and sends nothing: an idle stream. */
+pub struct Hold: stream "app.bench.streams" / "hold", Bootstrap, () => String; }
+verb! { /** Sends this many 64 B items, then sends nothing more. */
+pub struct Fill: stream "app.bench.streams" / "fill", Bootstrap, u32 => String; }
+verb! { /** Sends 64 B items as fast as credit allows, until cancelled. */
+pub struct Flood: stream "app.bench.streams" / "flood", Bootstrap, () => String; }
+verb! { /** Sends `count` 64 B items, one per `period` ms, then sends nothing more. */
+pub struct Drip: stream "app.bench.streams" / "drip", Bootstrap, (u32, u64) => String; }
+verb! { /** Sends this many 64 KiB items, as fast as credit allows. */
+pub struct Bulk: stream "app.bench.streams" / "bulk", Bootstrap, u32 => String; }
+verb! { /** Answers never: the baseline of an idle stream, a pending call. */
+pub struct Wait: request "app.bench.streams" / "wait", Bootstrap, () => String; }
 
 const PAYLOAD: usize = 64;
 const WINDOW: usize = 128;
@@ -71,6 +98,62 @@ fn quiet(quick: bool) -> Duration {
 
 async fn echo(args: String) -> Result<String, HandlerError> {
     Ok(args)
+}
+
+async fn hold_open(_: (), _items: Items<String>) -> Result<(), HandlerError> {
+    std::future::pending().await
+}
+
+async fn fill(n: u32, mut items: Items<String>) -> Result<(), HandlerError> {
+    let item = "x".repeat(PAYLOAD);
+    for _ in 0..n {
+        items.send(item.clone()).await?;
+    }
+    std::future::pending().await
+}
+
+async fn flood(_: (), mut items: Items<String>) -> Result<(), HandlerError> {
+    let item = "x".repeat(PAYLOAD);
+    loop {
+        items.send(item.clone()).await?;
+    }
+}
+
+async fn drip(
+    (count, period_ms): (u32, u64),
+    mut items: Items<String>,
+) -> Result<(), HandlerError> {
+    let item = "x".repeat(PAYLOAD);
+    let mut tick = tokio::time::interval(Duration::from_millis(period_ms));
+    for _ in 0..count {
+        tick.tick().await;
+        items.send(item.clone()).await?;
+    }
+    std::future::pending().await
+}
+
+async fn bulk(count: u32, mut items: Items<String>) -> Result<(), HandlerError> {
+    let item = "x".repeat(64 * 1024);
+    for _ in 0..count {
+        items.send(item.clone()).await?;
+    }
+    Ok(())
+}
+
+async fn wait(_: ()) -> Result<String, HandlerError> {
+    std::future::pending().await
+}
+
+/// The stream verbs, and the request that never answers.
+fn stream_capability() -> Capability {
+    Capability::new("app.bench.streams", "1.0.0")
+        .unwrap()
+        .stream(Hold, hold_open)
+        .stream(Fill, fill)
+        .stream(Flood, flood)
+        .stream(Drip, drip)
+        .stream(Bulk, bulk)
+        .handle(Wait, wait)
 }
 
 fn echo_capability() -> Capability {
@@ -167,7 +250,7 @@ where
 /// (or with `max_handshakes_per_source` set to PER_SOURCE), prints
 /// `ready HEAP_EMPTY HEAP_NODES ID ADDR...`, then answers `measure` with
 /// `mem HEAP BLOCKS RSS_KIB SESSIONS REFUSED` until `quit`.
-fn serve(k: usize, per_source: Option<usize>) {
+fn serve(k: usize, per_source: Option<usize>, streams: bool) {
     let rt = two_workers();
     let limits = Limits {
         max_handshakes_per_source: per_source
@@ -178,14 +261,14 @@ fn serve(k: usize, per_source: Option<usize>) {
     let nodes: Vec<Node> = run_on(rt.handle(), async move {
         let mut nodes = Vec::with_capacity(k);
         for _ in 0..k {
-            let node = Node::builder("bench-server")
+            let mut builder = Node::builder("bench-server")
                 .listen("127.0.0.1:0".parse().unwrap())
                 .capability(echo_capability())
-                .limits(limits.clone())
-                .start()
-                .await
-                .unwrap();
-            nodes.push(node);
+                .limits(limits.clone());
+            if streams {
+                builder = builder.capability(stream_capability());
+            }
+            nodes.push(builder.start().await.unwrap());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         nodes
@@ -207,7 +290,16 @@ fn serve(k: usize, per_source: Option<usize>) {
             "measure" => {
                 let sessions: usize = nodes.iter().map(|n| n.connected_peers().len()).sum();
                 let refused: u64 = nodes.iter().map(Node::refused_connections).sum();
-                println!("mem {} {sessions} {refused}", Mem::now().line());
+                let st = nodes[0].stats();
+                println!(
+                    "mem {} {sessions} {refused} {} {} {} {} {}",
+                    Mem::now().line(),
+                    st.streams_served,
+                    st.queued_bytes,
+                    st.stream_items_sent,
+                    st.stream_credit_stalls,
+                    st.inflight,
+                );
             }
             _ => break,
         }
@@ -243,6 +335,13 @@ struct ServerMem {
     mem: Mem,
     sessions: usize,
     refused: u64,
+    /// The first node's streams served, bytes queued to send, stream
+    /// items sent, credit stalls, and peers' jobs in flight.
+    streams_served: usize,
+    queued_bytes: usize,
+    items_sent: u64,
+    stalls: u64,
+    inflight: usize,
 }
 
 impl Server {
@@ -250,9 +349,18 @@ impl Server {
         Self::start_with(k, None)
     }
 
+    /// One node that also serves the stream verbs.
+    fn start_streams() -> Self {
+        Self::spawn(vec!["--serve-streams".to_string()])
+    }
+
     fn start_with(k: usize, per_source: Option<usize>) -> Self {
         let mut args = vec!["--serve".to_string(), k.to_string()];
         args.extend(per_source.map(|p| p.to_string()));
+        Self::spawn(args)
+    }
+
+    fn spawn(args: Vec<String>) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(&args)
             .stdin(Stdio::piped())
@@ -287,6 +395,11 @@ impl Server {
             mem: Mem::parse(&words[1..4]),
             sessions: words[4].parse().unwrap(),
             refused: words[5].parse().unwrap(),
+            streams_served: words[6].parse().unwrap(),
+            queued_bytes: words[7].parse().unwrap(),
+            items_sent: words[8].parse().unwrap(),
+            stalls: words[9].parse().unwrap(),
+            inflight: words[10].parse().unwrap(),
         }
     }
 
@@ -844,6 +957,336 @@ fn fanin(rt: &Runtime, quick: bool) {
 }
 
 // ---------------------------------------------------------------------------
+// streams: heap per open stream, per side
+
+/// The encoded length of one 64 B text item (2 bytes of head).
+const ITEM_LEN: usize = PAYLOAD + 2;
+
+/// A client node with default limits and its session to `server`.
+fn stream_client(rt: &Runtime, server: &Server) -> (Node, Peer) {
+    let (addr, id) = (server.addrs[0].clone(), server.id);
+    run_on(rt.handle(), async move {
+        let client = Node::builder("bench-client").start().await.unwrap();
+        let peer = client.connect(&addr, Some(id)).await.unwrap();
+        (client, peer)
+    })
+}
+
+/// Asks the server until `done` says yes (within 30 s).
+fn server_until(server: &mut Server, done: impl Fn(&ServerMem) -> bool) -> ServerMem {
+    let start = Instant::now();
+    loop {
+        let m = server.measure();
+        if done(&m) || start.elapsed() > Duration::from_secs(30) {
+            return m;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn sleep(rt: &Runtime, d: Duration) {
+    rt.block_on(async { tokio::time::sleep(d).await });
+}
+
+/// Heap per call of `n` calls, (caller side, callee side, caller blocks,
+/// callee blocks), against `(c0, s0)`.
+fn per_call(n: usize, c0: Mem, s0: &ServerMem, c1: Mem, s1: &ServerMem) -> [f64; 4] {
+    let per = |d: i64| d as f64 / n as f64;
+    [
+        per(c1.heap - c0.heap),
+        per(s1.mem.heap - s0.mem.heap),
+        per(c1.blocks - c0.blocks),
+        per(s1.mem.blocks - s0.mem.blocks),
+    ]
+}
+
+fn streams(rt: &Runtime, quick: bool) {
+    let d = Limits::default();
+    // Within the callee's bound on a session's jobs and the caller's
+    // bound on a session's windows.
+    let fit = (d.max_stream_window_bytes_per_session / d.stream_window_bytes as usize)
+        .min(d.max_inflight_per_session);
+    let n = env_usize("CAPWIRE_BENCH_N")
+        .unwrap_or(if quick { 50 } else { 200 })
+        .min(fit);
+    // The 64 B items a window holds: its items, or fewer if its bytes bind.
+    let window_items =
+        (d.stream_window_items as usize).min(d.stream_window_bytes as usize / ITEM_LEN);
+    println!(
+        "streams: heap per open stream, N = {n} on one session, caller and callee in \
+         separate processes, after {:.1} s quiet (target <= 1 KiB beyond its window); \
+         window {} items, {} KiB",
+        quiet(quick).as_secs_f64(),
+        d.stream_window_items,
+        d.stream_window_bytes >> 10
+    );
+    let mut server = Server::start_streams();
+    let (client, peer) = stream_client(rt, &server);
+    // Warm up: one of each, so that what is built once per session is.
+    let p = peer.clone();
+    run_on(rt.handle(), async move {
+        let mut s = p.stream(Fill, 1).await.unwrap();
+        s.next().await.unwrap().unwrap();
+        drop(s);
+        let _ = p.request_within(Wait, (), Duration::from_millis(50)).await;
+        p.request(Echo, "x".into()).await.unwrap();
+    });
+    sleep(rt, quiet(quick));
+    let (c0, s0) = (Mem::now(), server.measure());
+    println!("  {:<44} {:>22} {:>22}", "", "caller side", "callee side");
+    let row = |name: &str, f: [f64; 4], extra: &str| {
+        println!(
+            "  {name:<44} {:>22} {:>22}{extra}",
+            format!("{} ({:.1} blocks)", kib(f[0]), f[2]),
+            format!("{} ({:.1} blocks)", kib(f[1]), f[3]),
+        );
+    };
+
+    // Baseline: n requests waiting for their answers.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let p = peer.clone();
+    let calls = rt.spawn(async move {
+        let mut pending: FuturesUnordered<_> = (0..n)
+            .map(|_| p.request_within(Wait, (), Duration::from_secs(600)))
+            .collect();
+        tokio::select! {
+            _ = stopped => {}
+            _ = pending.next() => panic!("a call that never answers ended"),
+        }
+    });
+    let s1 = server_until(&mut server, |m| m.inflight >= s0.inflight + n);
+    assert!(
+        s1.inflight >= s0.inflight + n,
+        "requests in flight at the callee"
+    );
+    sleep(rt, quiet(quick));
+    let (c1, s1) = (Mem::now(), server.measure());
+    row(
+        "pending request (baseline)",
+        per_call(n, c0, &s0, c1, &s1),
+        "",
+    );
+    let _ = stop.send(());
+    rt.block_on(calls).unwrap();
+    server_until(&mut server, |m| m.inflight <= s0.inflight);
+
+    // Idle streams: open, no item sent.
+    let p = peer.clone();
+    let idle: Vec<ItemStream<String>> = run_on(rt.handle(), async move {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(p.stream(Hold, ()).await.unwrap());
+        }
+        v
+    });
+    server_until(&mut server, |m| m.streams_served >= n);
+    sleep(rt, quiet(quick));
+    let (c2, s2) = (Mem::now(), server.measure());
+    assert_eq!(s2.streams_served, n, "streams the callee serves");
+    let f = per_call(n, c0, &s0, c2, &s2);
+    let verdict = if f[0] <= 1024.0 && f[1] <= 1024.0 {
+        "met"
+    } else {
+        "missed"
+    };
+    row(
+        "idle stream, no item yet",
+        f,
+        &format!("  target {verdict}"),
+    );
+    rt.block_on(async move { drop(idle) });
+    server_until(&mut server, |m| m.streams_served == 0);
+
+    // Streams with a full window: the callee sent a window of 64 B items,
+    // the caller took none.
+    let p = peer.clone();
+    let w = u32::try_from(window_items).unwrap();
+    let full: Vec<ItemStream<String>> = run_on(rt.handle(), async move {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(p.stream(Fill, w).await.unwrap());
+        }
+        v
+    });
+    let sent = (n * window_items) as u64;
+    server_until(&mut server, |m| m.items_sent >= s0.items_sent + 1 + sent);
+    let start = Instant::now();
+    while full.iter().map(ItemStream::buffered).sum::<usize>() < n * window_items
+        && start.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let buffered: usize = full.iter().map(ItemStream::buffered).sum();
+    sleep(rt, quiet(quick));
+    let (c3, s3) = (Mem::now(), server.measure());
+    let f = per_call(n, c0, &s0, c3, &s3);
+    let items_bytes = (window_items * ITEM_LEN) as f64;
+    row(
+        &format!("full window ({window_items} x 64 B items buffered)"),
+        f,
+        "",
+    );
+    let beyond = f[0] - items_bytes;
+    println!(
+        "  {:<44} {:>22} {:>22}  target {}",
+        format!("  beyond the items' {}", kib(items_bytes)),
+        kib(beyond),
+        "-",
+        if beyond <= 1024.0 { "met" } else { "missed" }
+    );
+    println!(
+        "  {:<44} {:>22}",
+        "  items buffered at the caller",
+        format!("{buffered} of {}", n * window_items)
+    );
+    rt.block_on(async move { drop(full) });
+    server_until(&mut server, |m| m.streams_served == 0);
+    sleep(rt, quiet(quick));
+    let (c4, s4) = (Mem::now(), server.measure());
+    let f = per_call(n, c0, &s0, c4, &s4);
+    row("after all ended (should be ~0)", f, "");
+
+    // One stream whose items come slowly, one every 1 ms, and are not
+    // taken, beside a bulk stream of 64 KiB items taken at once: the slow
+    // stream's items arrive among the bulk ones.
+    let p = peer.clone();
+    let (drip, bulk_bytes) = run_on(rt.handle(), async move {
+        let drip: ItemStream<String> = p.stream(Drip, (w, 1)).await.unwrap();
+        let mut bulk_bytes = 0u64;
+        let start = Instant::now();
+        while ItemStream::buffered(&drip) < window_items
+            && start.elapsed() < Duration::from_secs(60)
+        {
+            let mut b = p.stream(Bulk, 64).await.unwrap();
+            while let Some(item) = b.next().await {
+                bulk_bytes += item.unwrap().len() as u64;
+            }
+        }
+        (drip, bulk_bytes)
+    });
+    sleep(rt, quiet(quick));
+    let c5 = Mem::now();
+    println!(
+        "  {:<44} {:>22}  for {} of items ({} of bulk items passed meanwhile)",
+        format!("one paced stream's full window, not taken,"),
+        kib((c5.heap - c4.heap) as f64),
+        kib(items_bytes),
+        kib(bulk_bytes as f64),
+    );
+    println!("  {:<44}", "  beside a bulk stream (caller heap)");
+    rt.block_on(async move { drop(drip) });
+    server_until(&mut server, |m| m.streams_served == 0);
+    run_on(rt.handle(), async move { client.shutdown().await });
+    server.stop();
+}
+
+// ---------------------------------------------------------------------------
+// slow: a consumer taking 10 items/s from a producer as fast as credit allows
+
+fn slow_consumer(rt: &Runtime, quick: bool, slow: bool) {
+    let secs: u64 = env_usize("CAPWIRE_BENCH_SECS").map_or(
+        if slow {
+            60
+        } else if quick {
+            3
+        } else {
+            10
+        },
+        |s| u64::try_from(s).unwrap(),
+    );
+    let d = Limits::default();
+    println!(
+        "slow consumer: one stream of 64 B items, the producer as fast as credit allows, \
+         the consumer taking 10 items/s for {secs} s{}; window {} items, {} KiB; caller and \
+         callee in separate processes",
+        if slow { "" } else { " (--slow: 60 s)" },
+        d.stream_window_items,
+        d.stream_window_bytes >> 10
+    );
+    let held = (d.stream_window_items as usize).min(d.stream_window_bytes as usize / ITEM_LEN);
+    let mut server = Server::start_streams();
+    let (client, peer) = stream_client(rt, &server);
+    sleep(rt, Duration::from_millis(200));
+    let (c0, s0) = (Mem::now(), server.measure());
+    let mut s: ItemStream<String> =
+        run_on(
+            rt.handle(),
+            async move { peer.stream(Flood, ()).await.unwrap() },
+        );
+    println!(
+        "  {:>5}  {:>7} {:>9} {:>8} {:>9} {:>12} {:>8}  {:>12} {:>12}",
+        "t",
+        "taken",
+        "sent",
+        "unsent*",
+        "buffered",
+        "queued (B)",
+        "stalls",
+        "caller heap",
+        "callee heap"
+    );
+    let mut taken = 0u64;
+    let mut most_ahead = 0u64;
+    let mut samples: Vec<(i64, i64)> = Vec::new();
+    let start = Instant::now();
+    // One item every 100 ms, the first at once, over the whole run.
+    let mut tick = rt.block_on(async { tokio::time::interval(Duration::from_millis(100)) });
+    for _ in 0..secs {
+        (s, tick) = rt.block_on(async move {
+            for _ in 0..10 {
+                tick.tick().await;
+                let item = s.next().await.unwrap().unwrap();
+                assert_eq!(item.len(), PAYLOAD);
+            }
+            (s, tick)
+        });
+        taken += 10;
+        let (c, m) = (Mem::now(), server.measure());
+        let sent = m.items_sent - s0.items_sent;
+        most_ahead = most_ahead.max(sent - taken);
+        samples.push((c.heap - c0.heap, m.mem.heap - s0.mem.heap));
+        println!(
+            "  {:>4.0}s  {taken:>7} {sent:>9} {:>8} {:>9} {:>12} {:>8}  {:>12} {:>12}",
+            start.elapsed().as_secs_f64(),
+            sent - taken,
+            ItemStream::buffered(&s),
+            m.queued_bytes,
+            m.stalls - s0.stalls,
+            kib((c.heap - c0.heap) as f64),
+            kib((m.mem.heap - s0.mem.heap) as f64),
+        );
+    }
+    println!("  * sent and not taken: on the wire, or buffered at the caller");
+    // From the third second on: a quiet session has returned the buffers
+    // its first burst grew (after 2 s).
+    let settled = &samples[samples.len().min(2)..];
+    let spread = |f: fn(&(i64, i64)) -> i64| {
+        let v: Vec<i64> = settled.iter().map(f).collect();
+        v.iter()
+            .max()
+            .map_or(0, |max| max - v.iter().min().unwrap())
+    };
+    println!(
+        "  items ahead of the consumer at most {most_ahead} (the window holds {held} such items): \
+         {} of items, at most the window's {}",
+        kib((most_ahead as usize * ITEM_LEN) as f64),
+        kib((held * ITEM_LEN) as f64),
+    );
+    println!(
+        "  heap from the third second on (max - min of the samples): caller {}, callee {}; \
+         last sample: caller {}, callee {}",
+        kib(spread(|s| s.0) as f64),
+        kib(spread(|s| s.1) as f64),
+        kib(samples.last().unwrap().0 as f64),
+        kib(samples.last().unwrap().1 as f64),
+    );
+    rt.block_on(async move { drop(s) });
+    server_until(&mut server, |m| m.streams_served == 0);
+    run_on(rt.handle(), async move { client.shutdown().await });
+    server.stop();
+}
+
+// ---------------------------------------------------------------------------
 
 fn env_usize(var: &str) -> Option<usize> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
@@ -855,7 +1298,12 @@ fn main() {
         serve(
             args[i + 1].parse().unwrap(),
             args.get(i + 2).map(|p| p.parse().unwrap()),
+            false,
         );
+        return;
+    }
+    if args.iter().any(|a| a == "--serve-streams") {
+        serve(1, None, true);
         return;
     }
     let quick = args.iter().any(|a| a == "--quick" || a == "--test")
@@ -874,5 +1322,12 @@ fn main() {
     }
     if wanted("fanin") {
         fanin(&rt, quick);
+    }
+    if wanted("streams") {
+        streams(&rt, quick);
+    }
+    if wanted("slow") {
+        let slow = args.iter().any(|a| a == "--slow");
+        slow_consumer(&rt, quick, slow);
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use capwire_envelope::{CloseCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{
     BindArgs, BindReply, CapRequirement, CapabilityManifest, Manifest, MonitoringBind,
-    NotificationVerb, RequestVerb, StreamVerb,
+    NotificationVerb, RequestVerb, StreamVerb, TaskSubmitted, TaskVerb,
 };
 use tokio::time::Instant;
 
@@ -19,6 +19,7 @@ use crate::proto::codec;
 use crate::proto::session::{End, Reply};
 use crate::stream::ItemStream;
 use crate::tap::Way;
+use crate::task::TaskHandle;
 
 /// A handle to call one peer. Cheap to clone.
 ///
@@ -104,6 +105,13 @@ impl Peer {
     /// The peer's identity.
     pub fn id(&self) -> NodeId {
         self.id
+    }
+
+    /// Whether the session with the peer, if one is up, speaks protocol 2.
+    pub(crate) fn speaks_v2(&self) -> bool {
+        self.peers
+            .session(&self.id)
+            .is_some_and(|s| s.lock().version() >= capwire_envelope::PROTOCOL_V2)
     }
 
     /// The peer's manifest as last received, if a session is up.
@@ -409,6 +417,84 @@ impl Peer {
             codec::control(cap, verb, req_id, budget, args)
         })
         .await
+    }
+
+    /// Submits task verb `V` (see [`crate::task`]): returns once the peer
+    /// has written the task, with its handle; the task then runs on the
+    /// peer whatever becomes of this session or this node. Within the
+    /// node's default deadline.
+    ///
+    /// # Errors
+    /// [`CallError::Unsupported`] when the peer speaks protocol 1 only
+    /// (nothing is sent); `Overloaded` when the peer keeps as many tasks
+    /// as it may (in all, or for this node); otherwise as
+    /// [`Peer::request`].
+    ///
+    /// # Cancel safety
+    /// As [`Peer::request`]: dropped after the request was sent, the task
+    /// may exist without this node knowing its id (it is in
+    /// `core.tasks/list`); [`Peer::submit_with_id`] finds it again.
+    pub async fn submit<V: TaskVerb>(
+        &self,
+        _verb: V,
+        args: V::Args,
+    ) -> Result<TaskHandle<V::Output>, CallError> {
+        self.submit_as::<V>(&args, None, self.default_deadline)
+            .await
+    }
+
+    /// As [`Peer::submit`], with a `req_id` of the caller's choosing and
+    /// its own deadline: the peer keys tasks on (this node, `req_id`) for
+    /// as long as it keeps them, so a submit sent again (after a timeout,
+    /// or this node's restart) gets the same task, not a second one.
+    ///
+    /// # Errors
+    /// As [`Peer::submit`] and [`Peer::request_with_id`].
+    ///
+    /// # Cancel safety
+    /// As [`Peer::submit`].
+    pub async fn submit_with_id<V: TaskVerb>(
+        &self,
+        _verb: V,
+        args: V::Args,
+        req_id: &ReqId,
+        deadline: Duration,
+    ) -> Result<TaskHandle<V::Output>, CallError> {
+        if req_id.is_fire_and_forget() {
+            return Err(CallError::Encode("a task needs a non-empty req_id".into()));
+        }
+        self.submit_as::<V>(&args, Some(req_id.clone()), deadline)
+            .await
+    }
+
+    /// A handle to the task `id` on this peer, known from an earlier
+    /// submit, a list or a push: nothing is sent until it is used. `T` is
+    /// its verb's result type.
+    pub fn task<T: serde::de::DeserializeOwned>(&self, id: impl Into<String>) -> TaskHandle<T> {
+        TaskHandle::new(self.clone(), id.into())
+    }
+
+    async fn submit_as<V: TaskVerb>(
+        &self,
+        args: &V::Args,
+        req_id: Option<ReqId>,
+        deadline: Duration,
+    ) -> Result<TaskHandle<V::Output>, CallError> {
+        let session = self.session(deadline_after(deadline)).await?;
+        if session.lock().version() < capwire_envelope::PROTOCOL_V2 {
+            return Err(CallError::Unsupported(
+                "the peer speaks protocol 1, which has no tasks".to_owned(),
+            ));
+        }
+        let answer = self
+            .call_as(req_id, deadline, |req_id, budget| {
+                codec::control_of(V::CAP, V::VERB, req_id, Some(budget), args)
+            })
+            .await?;
+        let submitted = answer
+            .decode::<TaskSubmitted>()
+            .map_err(|e| CallError::BadResult(e.to_string()))?;
+        Ok(TaskHandle::new(self.clone(), submitted.task))
     }
 
     async fn stream_as<V: StreamVerb>(

@@ -113,11 +113,19 @@ pub struct Limits {
     pub copy_body_max: usize,
     /// Items a stream this node calls may have on their way or waiting to
     /// be taken at once: its window, granted to the callee as it starts and
-    /// again as the caller takes items. Default 256.
+    /// again as the caller takes items. Default 4096: the smallest window
+    /// within about 5% of the best throughput of 64 B items, measured from
+    /// 32 to 16384 (`benches/streams.rs`); 256 gets about 60% of it, each
+    /// grant being a trip through both nodes' tasks. (For items of 64 B,
+    /// `stream_window_bytes` binds first, at 3971.)
     pub stream_window_items: u32,
     /// Bytes of items (each item's encoded value) a stream this node calls
     /// may have on their way or waiting at once; no one item may be larger.
-    /// Default 256 KiB.
+    /// Default 256 KiB: what one stream may buffer, so that a session's
+    /// 64 MiB of windows holds 256 streams. For 64 KiB items (three fit)
+    /// it gets 70-96% of the best throughput measured from 128 KiB to
+    /// 8 MiB (`benches/streams.rs`); 512 KiB gets within 5% of it, but a
+    /// session would then hold only 128 streams.
     pub stream_window_bytes: u32,
     /// Bytes of window the streams this node calls on one session may hold
     /// in all: the most their items can buffer. A stream beyond it fails
@@ -129,6 +137,23 @@ pub struct Limits {
     /// send one is stopped and the stream ended with `timeout`. Default
     /// 60 s.
     pub stream_idle_timeout: Duration,
+    /// Tasks the node keeps in all, running or ended (until their
+    /// retention passes): a submit beyond it is refused `overloaded`.
+    /// Each costs a record of a few hundred bytes in memory; its args and
+    /// events stay on disk. Default 10,000.
+    pub max_tasks: usize,
+    /// Tasks one submitter may have kept at once. Default 1,000.
+    pub max_tasks_per_sender: usize,
+    /// Events kept per task: past it, the oldest are deleted (the task's
+    /// info keeps its last progress, its question and its result).
+    /// Default 1,024.
+    pub max_task_events: u64,
+    /// The largest body of a task event (args, progress, question,
+    /// answer, result), encoded. Default 64 KiB.
+    pub max_task_body: usize,
+    /// How long an ended task is kept, with its events, for its submitter
+    /// and the control plane to read. Default 24 h.
+    pub task_retention: Duration,
 }
 
 impl Default for Limits {
@@ -162,10 +187,15 @@ impl Default for Limits {
             copy_queue_len: 1024,
             copy_queue_bytes: 4 << 20,
             copy_body_max: 32 << 10,
-            stream_window_items: 256,
+            stream_window_items: 4096,
             stream_window_bytes: 256 << 10,
             max_stream_window_bytes_per_session: 64 << 20,
             stream_idle_timeout: Duration::from_secs(60),
+            max_tasks: 10_000,
+            max_tasks_per_sender: 1_000,
+            max_task_events: 1_024,
+            max_task_body: 64 << 10,
+            task_retention: Duration::from_secs(86_400),
         }
     }
 }
@@ -201,6 +231,9 @@ impl Limits {
             ("max_handshakes_per_source", self.max_handshakes_per_source),
             ("copy_queue_len", self.copy_queue_len),
             ("copy_queue_bytes", self.copy_queue_bytes),
+            ("max_tasks", self.max_tasks),
+            ("max_tasks_per_sender", self.max_tasks_per_sender),
+            ("max_task_body", self.max_task_body),
         ];
         for (name, value) in counts {
             if value == 0 {
@@ -224,6 +257,7 @@ impl Limits {
             ("durable_replay_window", self.durable_replay_window),
             ("host_timeout", self.host_timeout),
             ("stream_idle_timeout", self.stream_idle_timeout),
+            ("task_retention", self.task_retention),
         ];
         for (name, value) in durations {
             if value > MAX_DURATION {
@@ -253,6 +287,10 @@ impl Limits {
             return Err(
                 "stream_window_bytes must not exceed max_stream_window_bytes_per_session".into(),
             );
+        }
+        if self.max_task_events < 2 {
+            // A task's first and last events are kept whatever happens.
+            return Err("max_task_events must be at least 2".into());
         }
         if self.reconnect_initial > self.reconnect_max {
             return Err("reconnect_initial must not exceed reconnect_max".into());

@@ -89,24 +89,21 @@ impl Control {
     }
 
     /// Recomputes the manifest at `now`; if it changed, its epoch is bumped
-    /// and every session is sent the new hello.
+    /// and every session is sent the new hello. The hello is handed to the
+    /// sessions under the tracker's lock, so two refreshes at once announce
+    /// their epochs in order: a newer hello is never replaced by an older
+    /// one, on a session or as the hello new sessions start with.
     pub(crate) fn refresh(&self, now: Instant) {
-        let hello = {
-            let mut tracker = lock(&self.tracker);
-            let status = self.binding.status(now);
-            if !tracker.refresh(&*self.registry, status) {
-                return;
-            }
-            self.manifest_tx.send_replace(tracker.manifest().clone());
-            match hello_for(tracker.manifest(), self.wire_limits) {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::error!(error = %e, "manifest update not sent");
-                    return;
-                }
-            }
-        };
-        self.peers.announce(hello);
+        let mut tracker = lock(&self.tracker);
+        let status = self.binding.status(now);
+        if !tracker.refresh(&*self.registry, status) {
+            return;
+        }
+        self.manifest_tx.send_replace(tracker.manifest().clone());
+        match hello_for(tracker.manifest(), self.wire_limits) {
+            Ok(hello) => self.peers.announce(hello),
+            Err(e) => tracing::error!(error = %e, "manifest update not sent"),
+        }
     }
 
     /// Opens a pending bind for `expected` (any control plane if `None`);

@@ -604,7 +604,7 @@ fn run(data: &[u8]) -> Reached {
             (true, true) => Speaks::V2WithStreams,
         };
         let whole = peer_manifest(REMOTE, 1, speaks);
-        let view = whole.without_streams();
+        let view = whole.version_1_view();
         h.core.handle_record(now, hello_of(&view, 1), &h.d);
         if view.is_partial_view() {
             assert!(
@@ -776,7 +776,7 @@ mod tests {
                 0 => peer_hello(REMOTE, epoch),
                 1 => peer_hello_v2(REMOTE, epoch),
                 2 => hello_of(
-                    &peer_manifest(REMOTE, epoch, Speaks::V2WithStreams).without_streams(),
+                    &peer_manifest(REMOTE, epoch, Speaks::V2WithStreams).version_1_view(),
                     1,
                 ),
                 3 => hello_of(

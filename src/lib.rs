@@ -185,6 +185,8 @@ mod stats;
 mod store;
 pub mod stream;
 mod tap;
+pub mod task;
+mod tasks;
 
 pub use addr::{Addr, AddrParseError};
 pub use client::Peer;
@@ -193,7 +195,7 @@ pub use core::configuration::ConfigWatch;
 pub use core::events::ControlEvent;
 pub use dispatch::error::HandlerError;
 pub use dispatch::extract::{Context, Extensions, FromContext, Meta, Sender, State};
-pub use dispatch::handler::{Handler, StreamHandler};
+pub use dispatch::handler::{Handler, StreamHandler, TaskHandler};
 pub use dispatch::metrics::{MetricRow, MetricsSnapshot, Outcome};
 pub use error::{CallError, NodeError};
 pub use invite::{Invite, InviteParseError, MAX_INVITE_LEN};
@@ -206,6 +208,7 @@ pub use proto::ledger::LedgerSizes;
 pub use stats::{HandshakeFailure, NodeStats};
 pub use store::StoreError;
 pub use stream::{ItemStream, Items, StreamClosed};
+pub use task::{Task, TaskError, TaskEvents, TaskHandle};
 
 pub use capwire_authz as authz;
 pub use capwire_envelope as envelope;

@@ -337,6 +337,15 @@ pub struct NodeStats {
     /// Times a handler serving a stream had to wait for its caller's
     /// credit (counter): the consumer was slower than the producer.
     pub stream_credit_stalls: u64,
+    /// The tasks this node keeps, by state (gauges; every state is
+    /// listed, with 0 when it has none).
+    pub tasks: Vec<(capwire_manifest::TaskState, usize)>,
+    /// Task events written (counter): submits, state changes, progress,
+    /// questions, answers, ends.
+    pub task_events: u64,
+    /// Task state changes not pushed to the control plane because its
+    /// queue was full (counter).
+    pub task_pushes_dropped: u64,
 }
 
 /// The node-wide counters of streams, shared by the sessions' drivers and

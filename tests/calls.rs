@@ -795,7 +795,8 @@ async fn the_raw_peer_sees_the_node_hello_with_its_manifest() {
             .capability("core.monitoring")
             .is_some()
     );
-    assert_eq!(raw_peer.node_manifest, server.manifest());
+    // A version-1 peer is shown the version-1 view (no `core.tasks`).
+    assert_eq!(raw_peer.node_manifest, server.manifest().version_1_view());
 }
 
 #[tokio::test]

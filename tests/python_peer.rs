@@ -5,6 +5,10 @@
 //! `tests/python/peer_v2.py`, on the same transport, agrees on protocol 2
 //! and streams with credit (WIRE.md 4.1, 4.9), and checks that a
 //! version-1 session is still served as version 1.
+//! `tests/python/peer_tasks.py`, on peer_v2.py's session, submits and
+//! follows tasks through `core.tasks` (WIRE.md 4.10) as their submitter, a
+//! stranger and the control plane, and in a second test across a kill and
+//! restart of the node on the same state directory.
 //!
 //! The packages go into a virtual environment under the target directory
 //! (`target/pyvenv`, which `.ci/run` prepares), reused while it holds the
@@ -143,37 +147,56 @@ struct PeerRun {
     report: String,
 }
 
-/// Starts a `capwire node`, runs `script` (in tests/python) with the node's
-/// address and id and the `extra` arguments `args` makes from its invite,
-/// and returns what it printed once it exited 0 with the node still up.
-/// `None` when the test is to be skipped.
-fn run_peer(script: &str, args: impl Fn(&str) -> Vec<String>) -> Option<PeerRun> {
-    let python = python()?;
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let node_log = dir.path().join("node.log");
+/// A running `capwire node` and what its start line said.
+struct Node {
+    child: Killed,
+    log: PathBuf,
+    addr: String,
+    node_id: String,
+    invite: String,
+}
+
+/// Starts `capwire node` on a free port with the state directory `state`,
+/// its log in `log`.
+fn start_node(state: &Path, log: &Path) -> Node {
     let mut child = Command::new(env!("CARGO_BIN_EXE_capwire"))
         .args(["node", "--json", "--listen", "127.0.0.1:0", "--state"])
-        .arg(dir.path().join("state"))
+        .arg(state)
         .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&node_log).expect("a log file"))
+        .stderr(std::fs::File::create(log).expect("a log file"))
         .spawn()
         .expect("capwire node starts");
     let stdout = child.stdout.take().expect("stdout");
-    let mut node = Killed(child);
+    let child = Killed(child);
     let mut line = String::new();
     BufReader::new(stdout)
         .read_line(&mut line)
         .expect("the node prints its start line");
-    let start: serde_json::Value = serde_json::from_str(&line)
-        .unwrap_or_else(|e| panic!("{e}: {line:?}\n{}", tail(&node_log)));
-    let addr = start["addrs"][0].as_str().expect("an address");
-    let node_id = start["node_id"].as_str().expect("a node id");
-    let invite = start["invite"].as_str().expect("an invite");
+    let start: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}\n{}", tail(log)));
+    let field = |name: &str| {
+        start[name]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_owned()
+    };
+    Node {
+        addr: start["addrs"][0].as_str().expect("an address").to_owned(),
+        node_id: field("node_id"),
+        invite: field("invite"),
+        log: log.to_owned(),
+        child,
+    }
+}
 
-    let mut peer = Command::new(&python)
+/// Runs `script` (in tests/python) with the node's address and id and
+/// `args`, and returns what it printed once it exited 0 with the node
+/// still up.
+fn run_script(python: &Path, script: &str, node: &mut Node, args: &[String]) -> PeerRun {
+    let mut peer = Command::new(python)
         .arg(repo().join("tests/python").join(script))
-        .args([addr, node_id])
-        .args(args(invite))
+        .args([&node.addr, &node.node_id])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -206,15 +229,32 @@ fn run_peer(script: &str, args: impl Fn(&str) -> Vec<String>) -> Option<PeerRun>
     drop(peer);
     let stdout = readers.0.join().expect("stdout read");
     let stderr = readers.1.join().expect("stderr read");
-    let node_alive = node.0.try_wait().expect("the node's status").is_none();
+    let node_alive = node
+        .child
+        .0
+        .try_wait()
+        .expect("the node's status")
+        .is_none();
     let report = format!(
-        "{script} stdout:\n{stdout}\n{script} stderr:\n{stderr}\nnode log:\n{}",
-        tail(&node_log)
+        "{script} {args:?} stdout:\n{stdout}\n{script} stderr:\n{stderr}\nnode log:\n{}",
+        tail(&node.log)
     );
     let status = status.unwrap_or_else(|| panic!("{script} ran over {PEER_DEADLINE:?}\n{report}"));
     assert!(status.success(), "{script}: {status}\n{report}");
     assert!(node_alive, "the node exited during the run\n{report}");
-    Some(PeerRun { stdout, report })
+    PeerRun { stdout, report }
+}
+
+/// Starts a `capwire node`, runs `script` (in tests/python) with the node's
+/// address and id and the `extra` arguments `args` makes from its invite,
+/// and returns what it printed once it exited 0 with the node still up.
+/// `None` when the test is to be skipped.
+fn run_peer(script: &str, args: impl Fn(&str) -> Vec<String>) -> Option<PeerRun> {
+    let python = python()?;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut node = start_node(&dir.path().join("state"), &dir.path().join("node.log"));
+    let args = args(&node.invite);
+    Some(run_script(&python, script, &mut node, &args))
 }
 
 /// Every line is a check that passed, each of `expected` is among them,
@@ -298,6 +338,111 @@ fn the_python_peer_speaks_protocol_2_streams_with_a_real_node() {
     );
     eprintln!(
         "python peer, protocol 2: whole test {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn the_python_peer_speaks_protocol_2_tasks_with_a_real_node() {
+    let started = Instant::now();
+    let wire_md = repo().join("WIRE.md").display().to_string();
+    let Some(run) = run_peer("peer_tasks.py", |invite| {
+        vec![wire_md.clone(), invite.to_owned()]
+    }) else {
+        return;
+    };
+    assert_checks(
+        &run,
+        &[
+            "ok   4.10 worked examples: the submit's answer and a progress event, bytes as printed (91, 80)",
+            "ok   manifest: core.tasks 1.0.0 with get (request), list (request), subscribe (stream), cancel \
+             (request), respond (request), changed (notification), all bootstrap; app.agent/work a bootstrap \
+             task; neither in the version-1 view of the first hello",
+            "ok   submit app.agent/work (ask, 3 steps) -> {task: ",
+            "ok   subscribe from 1 (credit 2 items, 4096 bytes, granted back as taken): events 1 state submitted, \
+             2 state working, 3 question ",
+            "ok   respond naming another question_seq -> conflict",
+            "ok   respond (question_seq 3) -> info state ",
+            "ok   get after the end: ",
+            "ok   a second submit with the same req_id -> the same task ",
+            "ok   subscribe from 5: events 5-8 byte for byte, then ok null; from 9: ok null at once, no item",
+            "ok   subscribe with credit for 5 events and the bytes of 3: 3, then nothing",
+            "ok   core.tasks/changed sent to the node: as a notification, nothing comes back",
+            "ok   a subscription with a budget of 400 ms: ",
+            "ok   respond to a working task that waits on no question -> conflict",
+            "ok   cancel of a running task (after ",
+            "ok   cancel while input_required -> canceled, question null",
+            "ok   submits refused: args without text -> bad_args",
+            "ok   args of exactly max_task_body (65536 bytes) accepted; the result, longer, is not kept: the task \
+             ends failed, too_large",
+            "ok   list: 4 tasks newest first, each info as get's, next null; pages of 1 and 2",
+            "ok   a stranger (a second key): get, cancel, respond -> not_found 'no such task'",
+            "ok   malformed ids (",
+            "ok   version-1 session: core.tasks get, list, cancel, respond, subscribe -> unknown_verb; \
+             app.agent/work -> unknown_verb",
+            "ok   control plane: bound, get and list see every submitter's task; core.tasks/changed for events \
+             [1, 2, 5] of 5",
+            "ok   control plane: subscribes to another's task and answers its question without question_seq",
+            "ok   control plane unbound (disable) while subscribed to another's task: after ",
+            "ok   after the unbind: the open sessions' manifests at epoch ",
+            "ok   1000 submits of one sender sent at once: all submitted; the next -> overloaded",
+            "ok   submitter: close frame + CLOSE 0 sent",
+        ],
+        "pypeer tasks: all checks passed",
+    );
+    eprintln!("python peer, tasks: whole test {:?}", started.elapsed());
+}
+
+#[test]
+fn the_python_peer_sees_tasks_kept_through_a_kill_and_restart_of_the_node() {
+    let started = Instant::now();
+    let Some(python) = python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let state = dir.path().join("state");
+    let saved = dir.path().join("seen.json").display().to_string();
+    let mut node = start_node(&state, &dir.path().join("node-1.log"));
+    let before = run_script(
+        &python,
+        "peer_tasks.py",
+        &mut node,
+        &["--before-restart".to_owned(), saved.clone()],
+    );
+    assert_checks(
+        &before,
+        &[
+            "ok   before the restart: a completed task, one working (progress step 2 of 1000 seen), one waiting",
+        ],
+        "pypeer tasks: all checks passed",
+    );
+    let first_id = node.node_id.clone();
+    // A kill, not a shutdown: what the node told the peer must have been
+    // on disk already (WIRE.md 4.10, Events).
+    drop(node);
+    let mut node = start_node(&state, &dir.path().join("node-2.log"));
+    assert_eq!(
+        node.node_id, first_id,
+        "the node keeps its identity in its state directory"
+    );
+    let after = run_script(
+        &python,
+        "peer_tasks.py",
+        &mut node,
+        &["--after-restart".to_owned(), saved],
+    );
+    assert_checks(
+        &after,
+        &[
+            "ok   after the restart: the completed task as it was, events and info byte for byte; the same \
+             req_id -> {task: ",
+            "ok   after the restart: the working task's ",
+            "ok   after the restart: the waiting task resumed and asked again",
+        ],
+        "pypeer tasks: all checks passed",
+    );
+    eprintln!(
+        "python peer, tasks through a restart: whole test {:?}",
         started.elapsed()
     );
 }

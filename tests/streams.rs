@@ -404,7 +404,7 @@ async fn a_version_1_peer_is_served_as_before_and_sees_no_stream() {
         st.verbs.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
         ["ping"]
     );
-    assert!(!view.has_streams());
+    assert!(!view.has_protocol_2_verbs());
     v1.control("app.st", "ping", "p1", &raw("old")).await;
     assert_eq!(
         v1.response("p1")

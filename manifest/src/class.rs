@@ -78,7 +78,7 @@ impl fmt::Display for DeclaredClass {
 /// How a verb is answered.
 ///
 /// On the wire it is the text `"request"`, `"notification"` or (protocol
-/// 2) `"stream"`.
+/// 2) `"stream"` or `"task"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum VerbKind {
@@ -90,6 +90,10 @@ pub enum VerbKind {
     /// items, each within the caller's credit, then exactly one response
     /// that ends the stream. Its declared result is the type of one item.
     Stream,
+    /// Sent with a request id (protocol 2); answered at once with the id of
+    /// a durable task (`core.tasks`) that then runs on its own; its
+    /// declared result is the task's result.
+    Task,
 }
 
 impl VerbKind {
@@ -99,13 +103,15 @@ impl VerbKind {
             Self::Request => "request",
             Self::Notification => "notification",
             Self::Stream => "stream",
+            Self::Task => "task",
         }
     }
 
-    /// The lowest protocol version that has this kind: 2 for streams.
+    /// The lowest protocol version that has this kind: 2 for streams and
+    /// tasks.
     pub const fn since(self) -> u32 {
         match self {
-            Self::Stream => 2,
+            Self::Stream | Self::Task => 2,
             Self::Request | Self::Notification => 1,
         }
     }

@@ -78,6 +78,7 @@ mod connect;
 mod monitoring;
 mod protocol;
 mod spec;
+mod tasks;
 
 mod validate;
 
@@ -106,7 +107,9 @@ pub use monitoring::{
     BindArgs, BindReply, CORE_MONITORING, CopyDirection, CopyRecord, MonitoringBind,
     MonitoringCopy, MonitoringDisable, MonitoringStatusRead, MonitoringStatusReply, NoArgs,
 };
-pub use protocol::{CORE_PROTOCOL, PARTIAL_VIEW, ProtocolVersions, VersionsReply};
+pub use protocol::{
+    CORE_PROTOCOL, PARTIAL_VIEW, ProtocolVersions, VersionsReply, is_protocol_2_capability,
+};
 pub use registry::{MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo};
 pub use requirement::CapRequirement;
 // The schema crate of `VerbDef::Args` and `Output`, so that an app derives
@@ -116,8 +119,13 @@ pub use schemars;
 pub use schemars::JsonSchema;
 pub use semver::{Version, VersionReq};
 pub use spec::{Capability, VerbSpec};
+pub use tasks::{
+    CORE_TASKS, ListTasksArgs, RespondArgs, SubscribeArgs, TaskChanged, TaskEvent, TaskEventKind,
+    TaskInfo, TaskList, TaskRef, TaskState, TaskSubmitted, TasksCancel, TasksChanged, TasksGet,
+    TasksList, TasksRespond, TasksSubscribe,
+};
 pub use tracker::ManifestTracker;
 pub use verb::{
-    NotificationVerb, RequestVerb, StreamVerb, UnaryVerb, VerbDef, cap_id_is_well_formed,
+    NotificationVerb, RequestVerb, StreamVerb, TaskVerb, UnaryVerb, VerbDef, cap_id_is_well_formed,
     verb_is_well_formed,
 };

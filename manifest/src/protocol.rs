@@ -8,13 +8,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::manifest::{Manifest, VerbManifest};
 use crate::monitoring::NoArgs;
-use crate::{VerbKind, verb};
+use crate::verb;
 
 /// The id of the protocol capability.
 pub const CORE_PROTOCOL: &str = "core.protocol";
 
 /// The `params` of `core.protocol` in a version-1 view that left stream
-/// verbs out ([`Manifest::without_streams`]): a version-2 peer that sees it
+/// verbs out ([`Manifest::version_1_view`]): a version-2 peer that sees it
 /// knows that a hello with the whole manifest follows (WIRE.md 4.1).
 pub const PARTIAL_VIEW: &str = "version-1 view";
 
@@ -30,6 +30,12 @@ verb! {
     /// `core.protocol/versions` (bootstrap): the protocol versions the node
     /// speaks.
     pub struct ProtocolVersions: request "core.protocol" / "versions", Bootstrap, NoArgs => VersionsReply;
+}
+
+/// Whether the capability `id` exists for protocol 2 alone: a version-1
+/// peer is not shown it, and its verbs are unknown on a version-1 session.
+pub fn is_protocol_2_capability(id: &str) -> bool {
+    id == crate::tasks::CORE_TASKS
 }
 
 impl Manifest {
@@ -52,25 +58,30 @@ impl Manifest {
         })
     }
 
-    /// Whether any verb is a stream verb (protocol 2).
-    pub fn has_streams(&self) -> bool {
-        self.capabilities
-            .iter()
-            .any(|c| c.verbs.iter().any(|v| v.kind == VerbKind::Stream))
+    /// Whether anything in it is protocol 2 only: a verb of a kind
+    /// protocol 1 does not have (a stream or a task verb), or a capability
+    /// that exists for protocol 2 alone (`core.tasks`).
+    pub fn has_protocol_2_verbs(&self) -> bool {
+        self.capabilities.iter().any(|c| {
+            is_protocol_2_capability(c.id.as_str()) || c.verbs.iter().any(|v| v.kind.since() > 1)
+        })
     }
 
     /// The manifest as a version-1 peer is shown it: without its stream
-    /// verbs, and without the capabilities that then have no verb left
-    /// (a capability lists at least one). When anything was left out,
+    /// and task verbs, without `core.tasks` (tasks exist in protocol 2
+    /// only), and without the capabilities that then have no verb left (a
+    /// capability lists at least one). When anything was left out,
     /// `core.protocol`'s `params` says so ([`PARTIAL_VIEW`]). Epoch and
     /// everything else as they are.
-    pub fn without_streams(&self) -> Manifest {
+    pub fn version_1_view(&self) -> Manifest {
         let mut m = self.clone();
-        let mut hidden = false;
+        let before = m.capabilities.len();
+        m.capabilities
+            .retain(|c| !is_protocol_2_capability(c.id.as_str()));
+        let mut hidden = m.capabilities.len() != before;
         for cap in &mut m.capabilities {
             let before = cap.verbs.len();
-            cap.verbs
-                .retain(|v: &VerbManifest| v.kind != VerbKind::Stream);
+            cap.verbs.retain(|v: &VerbManifest| v.kind.since() <= 1);
             hidden |= cap.verbs.len() != before;
         }
         m.capabilities.retain(|c| !c.verbs.is_empty());

@@ -114,6 +114,11 @@ impl<H> VerbSpec<H> {
         Self::new(name.into(), VerbKind::Stream)
     }
 
+    /// A task verb (protocol 2: answered with a task id).
+    pub fn task(name: impl Into<String>) -> Self {
+        Self::new(name.into(), VerbKind::Task)
+    }
+
     /// The typed declaration of `V`, with its handler.
     pub fn typed<V: VerbDef>(handler: H) -> Self {
         let declares = declares_result::<V>();

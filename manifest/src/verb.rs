@@ -139,6 +139,20 @@ pub trait NotificationVerb: VerbDef<Output = ()> {}
 /// ```
 pub trait StreamVerb: VerbDef {}
 
+/// A [`VerbDef`] that is a task (protocol 2): sent with a request id and
+/// answered at once with the id of a durable task that runs on its own
+/// (`core.tasks`); [`Output`](VerbDef::Output) is the task's result.
+///
+/// [`verb!`](crate::verb) implements it for every `task` verb.
+///
+/// ```
+/// use capwire_manifest::{TaskVerb, verb};
+/// verb! { pub struct Research: task "app.r" / "research", Bootstrap, String => String; }
+/// fn submit<V: TaskVerb>(_: V, _: V::Args) {}
+/// submit(Research, "a question".to_owned());
+/// ```
+pub trait TaskVerb: VerbDef {}
+
 /// A [`VerbDef`] answered at most once: a request or a notification, the
 /// verbs whose handlers return one value. [`verb!`](crate::verb)
 /// implements it for both; a stream verb has a handler of another shape.
@@ -150,12 +164,14 @@ pub(crate) fn declares_result<V: VerbDef>() -> bool {
 }
 
 /// Declares a unit struct implementing [`VerbDef`], and [`RequestVerb`],
-/// [`NotificationVerb`] or [`StreamVerb`] according to its kind.
+/// [`NotificationVerb`], [`StreamVerb`] or [`TaskVerb`] according to its
+/// kind.
 ///
 /// The syntax is
 /// `VIS struct NAME: request "CAP" / "VERB", CLASS, ARGS => OUTPUT;`,
 /// `VIS struct NAME: notification "CAP" / "VERB", CLASS, ARGS;` or
-/// `VIS struct NAME: stream "CAP" / "VERB", CLASS, ARGS => ITEM;`, where
+/// `VIS struct NAME: stream "CAP" / "VERB", CLASS, ARGS => ITEM;` or
+/// `VIS struct NAME: task "CAP" / "VERB", CLASS, ARGS => RESULT;`, where
 /// `CLASS` is a [`DeclaredClass`] variant (`Bootstrap` or `Controller`) and
 /// the types implement serde's traits and [`JsonSchema`](crate::JsonSchema).
 /// The expansion names only `$crate` and `::core` paths, so the macro works
@@ -217,6 +233,14 @@ macro_rules! verb {
     ) => {
         $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Stream, $class, $args, $item);
         impl $crate::StreamVerb for $name {}
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident : task $cap:literal / $verb:literal, $class:ident,
+        $args:ty => $out:ty $(;)?
+    ) => {
+        $crate::verb!(@def [$(#[$meta])*] $vis $name, $cap, $verb, Task, $class, $args, $out);
+        impl $crate::TaskVerb for $name {}
     };
     (@def [$(#[$meta:meta])*] $vis:vis $name:ident, $cap:literal, $verb:literal, $kind:ident,
         $class:ident, $args:ty, $out:ty) => {

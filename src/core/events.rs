@@ -2,9 +2,10 @@
 //! application sees it.
 
 use capwire_envelope::NodeId;
-use capwire_manifest::{CopyRecord, Roster};
+use capwire_manifest::{CopyRecord, Roster, TaskChanged};
 
-/// A push received from a node: a monitoring copy or a roster update.
+/// A push received from a node: a monitoring copy, a roster update or a
+/// task's change of state.
 ///
 /// Every node accepts these pushes (their verbs are bootstrap) and hands
 /// them to its application with the sender's authenticated key; the
@@ -26,6 +27,13 @@ pub enum ControlEvent {
         from: NodeId,
         /// Its roster.
         roster: Roster,
+    },
+    /// A `core.tasks/changed` from `from`: one of its tasks changed state.
+    Task {
+        /// The node whose task it is.
+        from: NodeId,
+        /// What changed.
+        change: TaskChanged,
     },
 }
 

@@ -18,3 +18,4 @@ pub(crate) mod monitoring;
 pub(crate) mod protocol;
 pub(crate) mod roster;
 pub(crate) mod state;
+pub(crate) mod tasks;

@@ -104,8 +104,8 @@ async fn bind(
     // version-1 peer is not shown stream verbs: WIRE.md 4.1).
     let room = channel.reply_room;
     let view = move |m: Manifest| {
-        if channel.version < PROTOCOL_V2 && m.has_streams() {
-            m.without_streams()
+        if channel.version < PROTOCOL_V2 && m.has_protocol_2_verbs() {
+            m.version_1_view()
         } else {
             m
         }

@@ -19,12 +19,14 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
-use capwire_envelope::{DecodeError, ErrorCode, RawValue};
-use capwire_manifest::{StreamVerb, VerbDef};
+use capwire_envelope::{DecodeError, ErrorCode, NodeId, RawValue, ReqId};
+use capwire_manifest::{StreamVerb, TaskVerb, VerbDef};
 
 pub(crate) use crate::dispatch::error::HandlerError;
-use crate::dispatch::extract::{Context, Extensions, FromContext};
+use crate::dispatch::extract::{Channel, Context, Extensions, FromContext};
 use crate::stream::Items;
+use crate::task::Task;
+use crate::tasks::{Start, Tasks};
 
 /// A boxed, sendable future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -170,6 +172,86 @@ impl_stream_handler!(E1);
 impl_stream_handler!(E1, E2);
 impl_stream_handler!(E1, E2, E3);
 
+/// An async function that can run task verb `V`. `M` only tells the
+/// blanket implementations apart; you never name it.
+///
+/// Implemented for every `Fn(V::Args, Task, E1, .., En) -> impl
+/// Future<Output = Result<V::Output, HandlerError>>` with up to three
+/// extractors `Ei: FromContext`. The task ends when the future does: its
+/// result completes it, an error fails it (see [`crate::task`]). The
+/// extractors see the task's submitter as [`Sender`](crate::Sender), and
+/// [`Meta::cancel`](crate::Meta) fires when the task is cancelled.
+pub trait TaskHandler<V: TaskVerb, M>: Clone + Send + Sync + 'static {
+    /// Runs the handler: extracts what it needs from `cx` and starts it.
+    fn call(
+        &self,
+        args: V::Args,
+        task: Task,
+        cx: &mut Context,
+    ) -> BoxFuture<Result<V::Output, HandlerError>>;
+
+    /// As [`Handler::check`].
+    ///
+    /// # Errors
+    /// What is missing, in words.
+    fn check(extensions: &Extensions) -> Result<(), String>;
+}
+
+impl<V, F, Fut> TaskHandler<V, ()> for F
+where
+    V: TaskVerb,
+    F: Fn(V::Args, Task) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<V::Output, HandlerError>> + Send + 'static,
+{
+    fn call(
+        &self,
+        args: V::Args,
+        task: Task,
+        _cx: &mut Context,
+    ) -> BoxFuture<Result<V::Output, HandlerError>> {
+        Box::pin((self)(args, task))
+    }
+
+    fn check(_extensions: &Extensions) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+macro_rules! impl_task_handler {
+    ($($e:ident),+) => {
+        impl<V, F, Fut, $($e),+> TaskHandler<V, ($($e,)+)> for F
+        where
+            V: TaskVerb,
+            F: Fn(V::Args, Task, $($e),+) -> Fut + Clone + Send + Sync + 'static,
+            Fut: Future<Output = Result<V::Output, HandlerError>> + Send + 'static,
+            $($e: FromContext),+
+        {
+            #[allow(non_snake_case)]
+            fn call(
+                &self,
+                args: V::Args,
+                task: Task,
+                cx: &mut Context,
+            ) -> BoxFuture<Result<V::Output, HandlerError>> {
+                $(let $e = match $e::from_context(cx) {
+                    Ok(v) => v,
+                    Err(e) => return Box::pin(async move { Err(e) }),
+                };)+
+                Box::pin((self)(args, task, $($e),+))
+            }
+
+            fn check(extensions: &Extensions) -> Result<(), String> {
+                $($e::check(extensions)?;)+
+                Ok(())
+            }
+        }
+    };
+}
+
+impl_task_handler!(E1);
+impl_task_handler!(E1, E2);
+impl_task_handler!(E1, E2, E3);
+
 /// The type-erased handler of one route.
 pub(crate) trait ErasedHandler: Send + Sync + 'static {
     /// Decodes the raw arguments (after authorization) and starts the
@@ -182,6 +264,25 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
 
     /// See [`Handler::check`].
     fn check(&self, extensions: &Extensions) -> Result<(), String>;
+
+    /// For a task verb whose handler may run again after a restart: what
+    /// runs task `task` of `submitter` (submitted with `req_id` and
+    /// `args`) again, or (`fresh`) for the first time: a task whose
+    /// handler never started may be started by any task verb. `None` for
+    /// every other handler, and when the args no longer decode.
+    fn resume(&self, args: &RawValue, origin: Origin, fresh: bool) -> Option<Start> {
+        let _ = (args, origin, fresh);
+        None
+    }
+}
+
+/// Where a task came from: what its handler's extractors see.
+#[derive(Clone)]
+pub(crate) struct Origin {
+    pub(crate) submitter: NodeId,
+    pub(crate) req_id: ReqId,
+    pub(crate) extensions: Arc<Extensions>,
+    pub(crate) channel: Channel,
 }
 
 /// What the registry stores for each route: the erased handler and the
@@ -327,6 +428,115 @@ where
 
     fn check(&self, extensions: &Extensions) -> Result<(), String> {
         H::check(extensions)
+    }
+}
+
+/// A typed task handler `H` of verb `V`, erased. Starting it submits the
+/// task (written before the answer) and answers its id; the handler runs
+/// afterwards, on the task service.
+pub(crate) struct TaskTyped<V, M, H> {
+    handler: H,
+    /// Run again after a restart (else the task fails `interrupted`).
+    resumable: bool,
+    _marker: PhantomData<fn() -> (V, M)>,
+}
+
+impl<V, M, H> TaskTyped<V, M, H> {
+    pub(crate) fn new(handler: H, resumable: bool) -> Self {
+        Self {
+            handler,
+            resumable,
+            _marker: PhantomData,
+        }
+    }
+}
+
+impl<V, M, H> TaskTyped<V, M, H>
+where
+    V: TaskVerb,
+    M: 'static,
+    H: TaskHandler<V, M>,
+{
+    /// What runs the handler with `args`, once the task is written.
+    fn starter(&self, args: V::Args, origin: Origin) -> Start {
+        let handler = self.handler.clone();
+        Box::new(move |task: Task| {
+            let mut cx = Context {
+                sender: origin.submitter,
+                req_id: origin.req_id,
+                // A task has no budget: it runs until it ends or is
+                // cancelled.
+                deadline: crate::client::deadline_after(std::time::Duration::from_secs(
+                    86_400 * 365,
+                )),
+                extensions: origin.extensions,
+                parent: task.token(),
+                cancel: None,
+                channel: origin.channel,
+                stream: None,
+            };
+            let fut = handler.call(args, task, &mut cx);
+            Box::pin(async move {
+                let out = fut.await.map_err(HandlerError::into_body)?;
+                crate::task::encode_result(&out)
+            })
+        })
+    }
+}
+
+impl<V, M, H> ErasedHandler for TaskTyped<V, M, H>
+where
+    V: TaskVerb,
+    M: 'static,
+    H: TaskHandler<V, M>,
+{
+    fn start(
+        &self,
+        args: &RawValue,
+        cx: &mut Context,
+    ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
+        // Args that do not decode are refused before a task exists.
+        let decoded: V::Args = args.decode()?;
+        let Some(Tasks(service)) = cx.runtime::<Tasks>() else {
+            return Ok(Box::pin(async {
+                Err(HandlerError::new(
+                    ErrorCode::Internal,
+                    "the task service is not installed",
+                ))
+            }));
+        };
+        let origin = Origin {
+            submitter: cx.sender,
+            req_id: cx.req_id.clone(),
+            extensions: cx.extensions.clone(),
+            channel: cx.channel,
+        };
+        let start = self.starter(decoded, origin);
+        let bytes = args.as_bytes().to_vec();
+        let (sender, req_id) = (cx.sender, cx.req_id.as_str().to_owned());
+        Ok(Box::pin(async move {
+            let submitted = service
+                .submit(sender, req_id, V::CAP, V::VERB, bytes, start)
+                .await?;
+            RawValue::encode(&submitted).map_err(|e| {
+                HandlerError::new(
+                    ErrorCode::Internal,
+                    format!("the answer could not be encoded: {e}"),
+                )
+            })
+        }))
+    }
+
+    fn check(&self, extensions: &Extensions) -> Result<(), String> {
+        H::check(extensions)
+    }
+
+    fn resume(&self, args: &RawValue, origin: Origin, fresh: bool) -> Option<Start> {
+        if !(self.resumable || fresh) {
+            return None;
+        }
+        let decoded: V::Args = args.decode().ok()?;
+        Some(self.starter(decoded, origin))
     }
 }
 

@@ -241,8 +241,24 @@ impl Admission for Dispatcher {
         };
         let route = permit.handler().index();
         let kind = permit.info().kind();
+        // A version-1 peer is not shown what exists for protocol 2 alone
+        // (stream and task verbs, `core.tasks`): for it there is no such
+        // verb, and it is told so in the chokepoint's words.
+        if version < capwire_envelope::PROTOCOL_V2
+            && (kind.since() > version || capwire_manifest::is_protocol_2_capability(c.cap))
+        {
+            self.metrics.count(route, Outcome::WrongKind);
+            return if notification {
+                Admit::Drop
+            } else {
+                Admit::Answer(ErrorBody::new(
+                    ErrorCode::UnknownVerb,
+                    "the capability has no verb with this exact name",
+                ))
+            };
+        }
         match (kind, notification) {
-            (VerbKind::Request | VerbKind::Stream, true) => {
+            (VerbKind::Request | VerbKind::Stream | VerbKind::Task, true) => {
                 // No req_id to answer on; refused and counted.
                 self.metrics.count(route, Outcome::WrongKind);
                 tracing::debug!(peer = %sender, cap = c.cap, verb = c.verb,
@@ -254,15 +270,6 @@ impl Admission for Dispatcher {
                 return Admit::Answer(ErrorBody::new(
                     ErrorCode::UnknownVerb,
                     "this verb is a notification and takes no req_id",
-                ));
-            }
-            // A version-1 peer is not shown stream verbs: for it there is
-            // no such verb, and it is told so in the chokepoint's words.
-            (VerbKind::Stream, false) if version < kind.since() => {
-                self.metrics.count(route, Outcome::WrongKind);
-                return Admit::Answer(ErrorBody::new(
-                    ErrorCode::UnknownVerb,
-                    "the capability has no verb with this exact name",
                 ));
             }
             _ => {}

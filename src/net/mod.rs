@@ -144,6 +144,7 @@ impl Net {
         }
         let (encoder, decoder) = self.endpoint.record_layer(est.session);
         let (reader, writer) = io::split(est.stream);
+        let refused = slot.is_none();
         let session = Arc::new(Session::new(
             self.peers.next_session_id(),
             direction,
@@ -152,6 +153,9 @@ impl Net {
             writer,
             self.stop_handlers.child_token(),
         ));
+        if !refused {
+            self.peers.opening(&session);
+        }
         conn::drive(
             self.env.clone(),
             session,

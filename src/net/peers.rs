@@ -85,6 +85,9 @@ pub(crate) struct Peers {
     binding: Arc<SharedBinding>,
     /// Keys are authenticated identities, not peer-chosen text.
     table: Mutex<HashMap<NodeId, Arc<Session>, foldhash::fast::RandomState>>,
+    /// Sessions past their handshake that wait for the peer's hellos, by
+    /// session id: a call to that peer waits for them to open.
+    opening: Mutex<HashMap<u64, NodeId>>,
     changed: watch::Sender<u64>,
     hello: Mutex<Hellos>,
     contacts: Mutex<HashMap<NodeId, (Contact, CancellationToken)>>,
@@ -133,6 +136,7 @@ impl Peers {
             local,
             binding,
             table: Mutex::new(HashMap::default()),
+            opening: Mutex::new(HashMap::new()),
             changed: watch::channel(0).0,
             hello: Mutex::new(hello),
             contacts: Mutex::new(HashMap::new()),
@@ -227,6 +231,18 @@ impl Peers {
         lock(&self.contacts).contains_key(id)
     }
 
+    /// `session` passed its handshake and waits for the peer's hellos
+    /// (until it opens or ends).
+    pub(crate) fn opening(&self, session: &Session) {
+        lock(&self.opening).insert(session.id(), session.remote());
+    }
+
+    /// Whether a session with `id` is past its handshake but not open yet
+    /// (the peer's whole manifest may still be on its way: 4.1).
+    fn is_opening(&self, id: &NodeId) -> bool {
+        lock(&self.opening).values().any(|r| r == id)
+    }
+
     pub(crate) fn contacts(&self) -> Vec<Contact> {
         lock(&self.contacts)
             .values()
@@ -317,7 +333,9 @@ impl Peers {
             if let Some(s) = self.session(id) {
                 return Some(s);
             }
-            if (!any && !self.is_contact(id)) || self.stopping.is_cancelled() {
+            if (!any && !self.is_contact(id) && !self.is_opening(id))
+                || self.stopping.is_cancelled()
+            {
                 return None;
             }
             if tokio::time::timeout_at(deadline, changes.changed())
@@ -371,6 +389,15 @@ impl SessionHooks for Peers {
                 "another session with this peer replaces this one",
             );
         }
+        // In the table now (or replaced): no longer opening.
+        lock(&self.opening).remove(&session.id());
+        // A manifest announced while this session was opening (made with
+        // the hellos of then, and not in the table yet) is sent now: it is
+        // in the table, so any later one reaches it too.
+        let current = self.hello();
+        if winner.lock().hellos() != &current {
+            winner.announce(current);
+        }
         self.bump();
         winner
     }
@@ -380,6 +407,7 @@ impl SessionHooks for Peers {
     }
 
     fn ended(&self, session: &Arc<Session>) {
+        lock(&self.opening).remove(&session.id());
         {
             let mut table = lock(&self.table);
             if table

@@ -13,7 +13,7 @@ use crate::addr::Addr;
 use crate::config::Limits;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{
-    Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, Typed,
+    Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, TaskHandler, TaskTyped, Typed,
 };
 use crate::error::NodeError;
 use crate::host::Host;
@@ -125,6 +125,75 @@ impl Capability {
         H: StreamHandler<V, M>,
     {
         let route: RouteHandler = Arc::new(RouteEntry::new(StreamTyped::<V, M, H>::new(handler)));
+        self.inner = self.inner.verb::<V>(route);
+        self
+    }
+
+    /// Adds task verb `V`, run by `handler`: an async fn taking `V::Args`,
+    /// the [`Task`](crate::Task) it reports progress and asks questions
+    /// through, and up to three extractors, returning `Result<V::Output,
+    /// HandlerError>`: its result completes the task, its error fails it
+    /// (see [`crate::task`]). Submitting `V` answers the task's id at once;
+    /// the handler runs afterwards, on the node, whatever becomes of the
+    /// session that submitted it.
+    ///
+    /// When the node stops while the task runs, the handler is dropped and
+    /// the task fails with the code `interrupted` when the node starts
+    /// again; [`Capability::resumable_task`] runs it again instead.
+    ///
+    /// ```
+    /// use capwire::{Capability, HandlerError, Task};
+    /// use capwire::manifest::verb;
+    ///
+    /// verb! { pub struct Sum: task "app.math" / "sum", Bootstrap, Vec<u64> => u64; }
+    ///
+    /// async fn sum(numbers: Vec<u64>, task: Task) -> Result<u64, HandlerError> {
+    ///     let mut total = 0;
+    ///     for (i, n) in numbers.iter().enumerate() {
+    ///         total += n;
+    ///         task.progress(&i).await?;
+    ///     }
+    ///     Ok(total)
+    /// }
+    ///
+    /// let cap = Capability::new("app.math", "1.0.0").unwrap().task(Sum, sum);
+    /// # let _ = cap;
+    /// ```
+    pub fn task<V, M, H>(self, verb: V, handler: H) -> Self
+    where
+        V: capwire_manifest::TaskVerb,
+        M: Send + Sync + 'static,
+        H: TaskHandler<V, M>,
+    {
+        self.add_task(verb, handler, false)
+    }
+
+    /// As [`Capability::task`], but a task that had not ended when the
+    /// node stopped is run again when it starts: `handler` is called with
+    /// the task's args and a [`Task`](crate::Task) whose
+    /// [`resumed`](crate::Task::resumed) is `true`, whose events so far
+    /// ([`Task::events`](crate::Task::events)) say how far it got. For
+    /// handlers that can pick their work up from what they reported.
+    pub fn resumable_task<V, M, H>(self, verb: V, handler: H) -> Self
+    where
+        V: capwire_manifest::TaskVerb,
+        M: Send + Sync + 'static,
+        H: TaskHandler<V, M>,
+    {
+        self.add_task(verb, handler, true)
+    }
+
+    fn add_task<V, M, H>(mut self, _verb: V, handler: H, resumable: bool) -> Self
+    where
+        V: capwire_manifest::TaskVerb,
+        M: Send + Sync + 'static,
+        H: TaskHandler<V, M>,
+    {
+        // Durable: a repeated submit finds its task by (sender, req_id) in
+        // the task table, so the ledger keeps no answer of the runtime's.
+        let route: RouteHandler = Arc::new(RouteEntry::durable(TaskTyped::<V, M, H>::new(
+            handler, resumable,
+        )));
         self.inner = self.inner.verb::<V>(route);
         self
     }

@@ -103,6 +103,7 @@ impl Node {
         };
         self.rt.net.env.stats.read_into(&mut stats);
         self.rt.net.env.streams.read_into(&mut stats);
+        self.rt.tasks.read_into(&mut stats);
         for session in self.rt.peers.sessions() {
             let core = session.lock();
             stats.pending_calls += core.pending_calls();

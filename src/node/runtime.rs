@@ -30,7 +30,7 @@ use crate::control::{Control, hello_for};
 use crate::core::answers::AnswerLimits;
 use crate::core::monitoring;
 use crate::core::state::{Core, CoreLimits, CoreState, Dialer};
-use crate::core::{cluster, configuration, connect, protocol};
+use crate::core::{cluster, configuration, connect, protocol, tasks as core_tasks};
 use crate::dispatch::Dispatcher;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::RouteHandler;
@@ -47,6 +47,7 @@ use crate::proto::streams::Window;
 use crate::store::memory::MemoryStore;
 use crate::store::{Batch, Loaded, Store};
 use crate::tap::{Tap, TapLimits};
+use crate::tasks::{TaskLimits, TaskService, Tasks};
 
 /// How often the replay ledger is swept of expired entries.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -122,6 +123,7 @@ pub(crate) struct Runtime {
     pub(crate) dispatcher: Arc<Dispatcher>,
     pub(crate) control: Arc<Control>,
     pub(crate) core: Arc<CoreState>,
+    pub(crate) tasks: Arc<TaskService>,
     pub(crate) handle: NodeHandle,
     pub(crate) tracker: TaskTracker,
     /// Answers found expired when the store was read, to delete.
@@ -151,9 +153,10 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         keypair,
         store,
         blocking,
-        loaded,
+        mut loaded,
         dir,
     } = opened;
+    let task_records = std::mem::take(&mut loaded.tasks);
     let id = keypair.public();
     let limits = p.limits;
 
@@ -173,7 +176,8 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     .core_capability(configuration::capability())
     .core_capability(connect::capability())
     .core_capability(cluster::capability())
-    .core_capability(protocol::capability());
+    .core_capability(protocol::capability())
+    .core_capability(core_tasks::capability());
     for cap in p.caps {
         registry = registry.capability(cap);
     }
@@ -271,6 +275,19 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             })
         })
         .collect();
+    let tasks = Arc::new(TaskService::new(
+        task_records,
+        store.clone(),
+        blocking,
+        TaskLimits {
+            max_tasks: limits.max_tasks,
+            max_per_sender: limits.max_tasks_per_sender,
+            max_events: limits.max_task_events,
+            max_body: limits.max_task_body,
+            retention_ms: u64::try_from(limits.task_retention.as_millis()).unwrap_or(u64::MAX),
+        },
+        control.clone(),
+    ));
     let (core, expired_answers) = CoreState::new(
         id,
         store,
@@ -295,13 +312,20 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     let mut extensions = p.extensions;
     extensions.insert_runtime(Core(core.clone()));
     extensions.insert_runtime(handle.clone());
+    extensions.insert_runtime(Tasks(tasks.clone()));
+    let extensions = Arc::new(extensions);
+    tasks.set_resumer(Arc::new(Resume {
+        registry: registry.clone(),
+        extensions: Arc::downgrade(&extensions),
+        reply_room: p.transport.max_record_size,
+    }));
     let dispatcher = Arc::new(
         Dispatcher::new(
             registry,
             gate,
             binding,
             ledger,
-            Arc::new(extensions),
+            extensions,
             limits.max_handler_time,
             tap,
         )
@@ -364,6 +388,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         dispatcher,
         control,
         core,
+        tasks,
         handle,
         tracker,
         expired_answers: Mutex::new(expired_answers),
@@ -373,6 +398,42 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         local_addrs: Mutex::new(Vec::new()),
         shutdown: tokio::sync::Mutex::new(false),
     })
+}
+
+/// Finds the handler that runs a task again after a restart: the task
+/// verb's route in the registry, if it is a resumable task handler.
+struct Resume {
+    registry: Arc<Registry<RouteHandler>>,
+    /// Weak: the extensions hold the task service, which holds this.
+    extensions: std::sync::Weak<Extensions>,
+    reply_room: usize,
+}
+
+impl crate::tasks::Resumer for Resume {
+    fn resume(
+        &self,
+        cap: &str,
+        verb: &str,
+        submitter: NodeId,
+        req_id: &str,
+        args: capwire_envelope::RawValue,
+        fresh: bool,
+    ) -> Option<crate::tasks::Start> {
+        let route = self.registry.lookup(cap, verb)?;
+        let origin = crate::dispatch::handler::Origin {
+            submitter,
+            req_id: capwire_envelope::ReqId::try_from(req_id).ok()?,
+            extensions: self.extensions.upgrade()?,
+            channel: crate::dispatch::extract::Channel {
+                reply_room: self.reply_room,
+                version: capwire_envelope::PROTOCOL_V2,
+            },
+        };
+        route
+            .dangerous_handler()
+            .handler()
+            .resume(&args, origin, fresh)
+    }
 }
 
 impl Runtime {
@@ -390,6 +451,12 @@ impl Runtime {
             .spawn(cluster::host_events(self.core.clone(), stop.clone()));
         self.tracker
             .spawn(cluster::release_loop(self.core.clone(), stop.clone()));
+        self.tracker.spawn(self.tasks.clone().run(stop.clone()));
+        self.tracker.spawn(core_tasks::push_loop(
+            self.core.clone(),
+            self.tasks.clone(),
+            stop.clone(),
+        ));
         // Reconciling waits for the host; shutdown does not wait for it.
         tokio::spawn(cluster::reconcile(self.core.clone()));
         let expired = std::mem::take(

@@ -346,6 +346,26 @@ fn write_stats(s: &NodeStats, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
         "Times a handler serving a stream waited for its caller's credit (the consumer was slower than the producer).",
         s.stream_credit_stalls,
     )?;
+
+    gauges(
+        enc,
+        "capwire_tasks",
+        "Tasks this node keeps, by state.",
+        "state",
+        s.tasks.iter().map(|(state, n)| (state.as_str(), *n)),
+    )?;
+    counter(
+        enc,
+        "capwire_task_events",
+        "Task events written (submits, state changes, progress, questions, answers, ends).",
+        s.task_events,
+    )?;
+    counter(
+        enc,
+        "capwire_task_pushes_dropped",
+        "Task state changes not pushed to the control plane: its queue was full.",
+        s.task_pushes_dropped,
+    )?;
     Ok(())
 }
 

@@ -49,9 +49,9 @@ fn hello(manifest: &Manifest, protocol: u32, limits: WireLimits) -> Result<Bytes
 /// # Errors
 /// The manifest does not encode in the strict profile.
 pub(crate) fn hellos(manifest: &Manifest, limits: WireLimits) -> Result<Hellos, EncodeError> {
-    let differ = manifest.has_streams();
+    let differ = manifest.has_protocol_2_verbs();
     let v1 = if differ {
-        hello(&manifest.without_streams(), PROTOCOL_VERSION, limits)?
+        hello(&manifest.version_1_view(), PROTOCOL_VERSION, limits)?
     } else {
         hello(manifest, PROTOCOL_VERSION, limits)?
     };

@@ -171,7 +171,7 @@ pub(crate) enum Event<W, J, S> {
     /// One of our calls can get no answer any more: the session is
     /// closing, and nothing the peer sends is read. Fail it (peer lost).
     Lost(W),
-    /// An item of one of our streams arrived (the raw item, sliced from
+    /// An item of one of our streams arrived (the raw item, copied out of
     /// the record), within the credit we granted.
     Item(S, Bytes),
     /// The peer granted credit to the stream the job with this ticket id
@@ -512,6 +512,11 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
                 true,
             );
         }
+    }
+
+    /// The hellos this session announces now.
+    pub(crate) fn hellos(&self) -> &Hellos {
+        &self.hellos
     }
 
     /// Announces a new manifest: the newest hello replaces one not yet sent
@@ -976,7 +981,12 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
             FrameRef::Keepalive => {}
             FrameRef::Item(i) => match self.streams.arrived(&i.req_id, i.item.len()) {
                 Arrived::Deliver(sink) => {
-                    let event = Event::Item(sink.clone(), record.slice_ref(i.item));
+                    // Copied out of the record: an item may wait for its
+                    // consumer as long as it likes, and a slice would keep
+                    // the whole read buffer it arrived in (up to 256 KiB)
+                    // alive with it, so that a window of small items could
+                    // hold far more memory than the window.
+                    let event = Event::Item(sink.clone(), Bytes::copy_from_slice(i.item));
                     self.events.push_back(event);
                 }
                 // A stream we gave up on (its items may still be on their
@@ -1057,7 +1067,7 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
                     .to_owned(),
             ));
         }
-        if hello.protocol < PROTOCOL_V2 && manifest.has_streams() {
+        if hello.protocol < PROTOCOL_V2 && manifest.has_protocol_2_verbs() {
             return Err((
                 CloseCode::ProtocolError,
                 "stream verbs in a hello that names protocol 1".to_owned(),
@@ -1605,5 +1615,78 @@ pub(crate) mod tests {
         assert_eq!(c.peer_manifest().unwrap().epoch, 5);
         c.handle_record(now, peer_hello(NodeId::from_bytes([9; 32]), 9), &d);
         assert!(c.is_closing());
+    }
+
+    /// The first hello of a peer that speaks protocol 2 (its manifest has
+    /// `core.protocol` 2.0.0) and serves no stream verb.
+    fn peer_hello_v2() -> Bytes {
+        use capwire_manifest::{
+            CORE_PROTOCOL, MonitoringHandlers, MonitoringStatus, NodeInfo, ProtocolVersions,
+            Registry, Version,
+        };
+        let manifest = Registry::builder(
+            NodeInfo::new(REMOTE, "peer"),
+            MonitoringHandlers {
+                bind: (),
+                disable: (),
+            },
+        )
+        .core_capability(
+            capwire_manifest::Capability::new(CORE_PROTOCOL, Version::new(2, 0, 0))
+                .verb::<ProtocolVersions>(()),
+        )
+        .build()
+        .unwrap()
+        .manifest(MonitoringStatus::Off, 1);
+        let hello = Frame::Hello(capwire_envelope::Hello::new(
+            RawValue::encode(&manifest).unwrap(),
+            WireLimits {
+                max_record: 1 << 20,
+                max_inflight: 8,
+                keepalive_ms: 15_000,
+            },
+        ));
+        let mut out = Vec::new();
+        capwire_envelope::encode_frame(&hello, &mut out).unwrap();
+        out.into()
+    }
+
+    #[test]
+    fn an_item_is_copied_out_of_its_record() {
+        let d = dispatcher();
+        let now = Instant::now();
+        let mut c = core(&d, now);
+        c.transmit::<()>(usize::MAX, |_| Ok(())).unwrap();
+        c.handle_record(now, peer_hello_v2(), &d);
+        assert!(matches!(c.poll_event(), Some(Event::Opened)));
+        assert_eq!(c.version(), PROTOCOL_V2);
+        let id = ReqId::from_u64(3);
+        c.open_stream(
+            id.clone(),
+            control("app.t", "gen", "3", &()),
+            1,
+            9,
+            Window {
+                items: 4,
+                bytes: 1024,
+            },
+        )
+        .unwrap();
+        sent(&mut c);
+        let mut record = Vec::new();
+        capwire_envelope::encode_item(&mut record, &id, b"\x63abc").unwrap();
+        let record = Bytes::from(record);
+        let within = record.as_ptr() as usize..record.as_ptr() as usize + record.len();
+        c.handle_record(now, record.clone(), &d);
+        match c.poll_event() {
+            Some(Event::Item(9, item)) => {
+                assert_eq!(&item[..], b"\x63abc");
+                // A buffered item must not keep the buffer the record was
+                // read into alive: it holds its own bytes only.
+                assert!(!within.contains(&(item.as_ptr() as usize)));
+            }
+            other => panic!("the item, got {other:?}"),
+        }
+        assert!(c.is_open());
     }
 }

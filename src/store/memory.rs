@@ -3,12 +3,14 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use super::{Batch, Loaded, Store, StoreError};
+use super::{Batch, Loaded, Store, StoreError, TaskEventRecord};
 
 /// Keeps what a durable store would, in memory.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryStore {
     state: Mutex<Loaded>,
+    events: Mutex<std::collections::BTreeMap<(Vec<u8>, u64), TaskEventRecord>>,
+    args: Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
 }
 
 impl MemoryStore {
@@ -49,6 +51,13 @@ pub(crate) fn apply(state: &mut Loaded, batch: &Batch) {
         state.answers.retain(|x| x.key != a.key);
         state.answers.push(a.clone());
     }
+    for id in &batch.del_tasks {
+        state.tasks.retain(|t| &t.id != id);
+    }
+    for t in &batch.put_tasks {
+        state.tasks.retain(|x| x.id != t.id);
+        state.tasks.push(t.clone());
+    }
 }
 
 impl Store for MemoryStore {
@@ -65,6 +74,46 @@ impl Store for MemoryStore {
             &mut self.state.lock().unwrap_or_else(PoisonError::into_inner),
             batch,
         );
+        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in &batch.del_tasks {
+            events.retain(|(t, _), _| t != id);
+        }
+        for (id, below) in &batch.fold_task_events {
+            events.retain(|(t, seq), _| t != id || seq >= below);
+        }
+        for (id, e) in &batch.put_task_events {
+            events.insert((id.clone(), e.seq), e.clone());
+        }
+        let mut args = self.args.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in &batch.del_tasks {
+            args.remove(id);
+        }
+        for (id, a) in &batch.put_task_args {
+            args.insert(id.clone(), a.clone());
+        }
         Ok(())
+    }
+
+    fn task_args(&self, id: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .args
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned())
+    }
+
+    fn task_events(
+        &self,
+        id: &[u8],
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<TaskEventRecord>, StoreError> {
+        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(events
+            .range((id.to_vec(), from)..=(id.to_vec(), u64::MAX))
+            .take(limit)
+            .map(|(_, e)| e.clone())
+            .collect())
     }
 }

@@ -24,6 +24,7 @@ use capwire_envelope::NodeId;
 
 pub(crate) use records::{
     AnswerKey, AnswerRecord, BindingRecord, ConfigRecord, ContactRecord, MemberRecord, RosterMeta,
+    TaskEventRecord, TaskRecord,
 };
 
 /// Everything a store holds, read once when the node starts.
@@ -35,6 +36,8 @@ pub(crate) struct Loaded {
     pub(crate) roster: RosterMeta,
     pub(crate) members: Vec<MemberRecord>,
     pub(crate) answers: Vec<AnswerRecord>,
+    /// Tasks, without their events (read on demand: [`Store::task_events`]).
+    pub(crate) tasks: Vec<TaskRecord>,
 }
 
 /// One atomic change to the store. Puts replace the record with the same
@@ -50,6 +53,15 @@ pub(crate) struct Batch {
     pub(crate) del_members: Vec<String>,
     pub(crate) put_answers: Vec<AnswerRecord>,
     pub(crate) del_answers: Vec<AnswerKey>,
+    pub(crate) put_tasks: Vec<TaskRecord>,
+    /// The args of new tasks, by id (kept for a resume).
+    pub(crate) put_task_args: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Tasks deleted with their args and all their events.
+    pub(crate) del_tasks: Vec<Vec<u8>>,
+    /// Events, each with its task's id.
+    pub(crate) put_task_events: Vec<(Vec<u8>, TaskEventRecord)>,
+    /// Events of a task deleted below a seq (folded away): (id, below).
+    pub(crate) fold_task_events: Vec<(Vec<u8>, u64)>,
 }
 
 impl Batch {
@@ -73,6 +85,24 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// The write failed.
     fn commit(&self, batch: &Batch) -> Result<(), StoreError>;
+
+    /// The events of task `id` from seq `from` on, at most `limit`, in
+    /// order.
+    ///
+    /// # Errors
+    /// The store cannot be read or holds a record that does not decode.
+    fn task_events(
+        &self,
+        id: &[u8],
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<TaskEventRecord>, StoreError>;
+
+    /// The args task `id` was submitted with.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn task_args(&self, id: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 /// Why a state directory or its store could not be used. Nothing is ever

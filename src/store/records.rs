@@ -2,7 +2,8 @@
 //! item in the strict CBOR profile (`capwire_envelope::to_vec`), so the
 //! bytes on disk follow the same rules as the bytes on the wire.
 
-use capwire_envelope::NodeId;
+use capwire_envelope::{ErrorBody, NodeId};
+use capwire_manifest::{TaskEventKind, TaskState};
 use serde::{Deserialize, Serialize};
 
 /// Format of the records below; bumped on any incompatible change. A
@@ -79,6 +80,48 @@ pub(crate) struct MemberRecord {
     /// `monitoring` is about).
     #[serde(default)]
     pub(crate) watcher: Option<NodeId>,
+}
+
+/// A task (`core.tasks`): what is kept of it besides its events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TaskRecord {
+    /// Its id: 16 random bytes (32 hex digits on the wire).
+    #[serde(with = "serde_bytes_compat")]
+    pub(crate) id: Vec<u8>,
+    /// The task verb it was submitted to.
+    pub(crate) cap: String,
+    pub(crate) verb: String,
+    /// Who submitted it, and the submit's req_id: the same request again
+    /// finds this task (exactly once per sender and req_id).
+    pub(crate) submitter: NodeId,
+    pub(crate) req_id: String,
+    pub(crate) state: TaskState,
+    pub(crate) created_ms: u64,
+    pub(crate) updated_ms: u64,
+    /// The number of its last event, and of the oldest kept.
+    pub(crate) seq: u64,
+    pub(crate) first_seq: u64,
+    /// Its place in the order of submissions on this node.
+    pub(crate) order: u64,
+    /// The seq of the question it waits on.
+    pub(crate) question_seq: Option<u64>,
+    /// The seq of its last progress event.
+    pub(crate) progress_seq: Option<u64>,
+    /// Its error once it failed, was cancelled or rejected.
+    pub(crate) error: Option<ErrorBody>,
+}
+
+/// One event of a task's log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TaskEventRecord {
+    pub(crate) seq: u64,
+    pub(crate) at_ms: u64,
+    pub(crate) state: TaskState,
+    pub(crate) kind: TaskEventKind,
+    #[serde(with = "serde_bytes_compat")]
+    pub(crate) body: Vec<u8>,
 }
 
 /// Identifies a remembered answer: (sender, req_id).

@@ -6,7 +6,11 @@
 //!   (records);
 //! - `contacts` (node id, 32 bytes -> record);
 //! - `members` (cid -> record);
-//! - `answers` (32-byte sender followed by the req_id bytes -> record).
+//! - `answers` (32-byte sender followed by the req_id bytes -> record);
+//! - `tasks` (16-byte task id -> record), `task_args` (task id -> its args,
+//!   a CBOR item) and `task_events` (task id followed by the seq as 8
+//!   bytes big-endian -> record); a store made before tasks existed gets
+//!   them at its first write that needs them.
 //!
 //! Records are strict-profile CBOR items (`capwire_envelope::to_vec`).
 //!
@@ -35,13 +39,25 @@ use serde::de::DeserializeOwned;
 use super::records::FORMAT_VERSION;
 use super::{
     AnswerKey, AnswerRecord, Batch, ContactRecord, Loaded, MemberRecord, RosterMeta, Store,
-    StoreError,
+    StoreError, TaskEventRecord, TaskRecord,
 };
 
 const META: TableDefinition<'static, &str, &[u8]> = TableDefinition::new("meta");
 const CONTACTS: TableDefinition<'static, &[u8], &[u8]> = TableDefinition::new("contacts");
 const MEMBERS: TableDefinition<'static, &str, &[u8]> = TableDefinition::new("members");
 const ANSWERS: TableDefinition<'static, &[u8], &[u8]> = TableDefinition::new("answers");
+const TASKS: TableDefinition<'static, &[u8], &[u8]> = TableDefinition::new("tasks");
+const TASK_EVENTS: TableDefinition<'static, &[u8], &[u8]> = TableDefinition::new("task_events");
+const TASK_ARGS: TableDefinition<'static, &[u8], &[u8]> = TableDefinition::new("task_args");
+
+/// The table key of a task event: the task's id, then the seq big-endian
+/// (so that a task's events are in order and together).
+fn event_key(id: &[u8], seq: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(id.len() + 8);
+    key.extend_from_slice(id);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
 
 const KEY_FORMAT: &str = "format";
 const KEY_NODE_ID: &str = "node_id";
@@ -163,6 +179,9 @@ impl RedbStore {
             txn.open_table(CONTACTS)?;
             txn.open_table(MEMBERS)?;
             txn.open_table(ANSWERS)?;
+            txn.open_table(TASKS)?;
+            txn.open_table(TASK_EVENTS)?;
+            txn.open_table(TASK_ARGS)?;
             Ok(())
         })();
         finish(txn, written)?;
@@ -298,6 +317,19 @@ impl RedbStore {
             check_key(path, "answer", k.value(), &answer_key(&record.key))?;
             loaded.answers.push(record);
         }
+        // A store made before tasks existed has no such table yet.
+        match txn.open_table(TASKS) {
+            Ok(table) => {
+                for item in table.iter().map_err(storage_error)? {
+                    let (k, v) = item.map_err(storage_error)?;
+                    let record: TaskRecord = decode(path, "task", v.value())?;
+                    check_key(path, "task", k.value(), &record.id)?;
+                    loaded.tasks.push(record);
+                }
+            }
+            Err(TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(table_error(e)),
+        }
         Ok(loaded)
     }
 }
@@ -330,6 +362,21 @@ impl Store for RedbStore {
             .iter()
             .map(|a| Ok((answer_key(&a.key), encode(a)?)))
             .collect::<Result<Vec<_>, StoreError>>()?;
+        let tasks = batch
+            .put_tasks
+            .iter()
+            .map(|t| Ok((t.id.as_slice(), encode(t)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let events = batch
+            .put_task_events
+            .iter()
+            .map(|(id, e)| Ok((event_key(id, e.seq), encode(e)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let touches_tasks = !(batch.put_tasks.is_empty()
+            && batch.put_task_args.is_empty()
+            && batch.del_tasks.is_empty()
+            && batch.put_task_events.is_empty()
+            && batch.fold_task_events.is_empty());
 
         let txn = self.begin_write()?;
         let written = (|| -> Result<(), redb::Error> {
@@ -364,9 +411,88 @@ impl Store for RedbStore {
             for (key, value) in &answers {
                 table.insert(key.as_slice(), value.as_slice())?;
             }
+            if touches_tasks {
+                let mut table = txn.open_table(TASKS)?;
+                for id in &batch.del_tasks {
+                    table.remove(id.as_slice())?;
+                }
+                for (key, value) in &tasks {
+                    table.insert(*key, value.as_slice())?;
+                }
+                let mut table = txn.open_table(TASK_EVENTS)?;
+                for id in &batch.del_tasks {
+                    let (from, to) = (event_key(id, 0), event_key(id, u64::MAX));
+                    table.retain_in(from.as_slice()..=to.as_slice(), |_, _| false)?;
+                }
+                for (id, below) in &batch.fold_task_events {
+                    let (from, to) = (event_key(id, 0), event_key(id, *below));
+                    table.retain_in(from.as_slice()..to.as_slice(), |_, _| false)?;
+                }
+                for (key, value) in &events {
+                    table.insert(key.as_slice(), value.as_slice())?;
+                }
+                let mut table = txn.open_table(TASK_ARGS)?;
+                for id in &batch.del_tasks {
+                    table.remove(id.as_slice())?;
+                }
+                for (id, args) in &batch.put_task_args {
+                    table.insert(id.as_slice(), args.as_slice())?;
+                }
+            }
             Ok(())
         })();
         finish(txn, written)
+    }
+
+    fn task_args(&self, id: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = &self.path;
+        guarded(path, || {
+            let txn = self
+                .db
+                .begin_read()
+                .map_err(|e| open_error(path, e.into()))?;
+            let table = match txn.open_table(TASK_ARGS) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(open_error(path, e.into())),
+            };
+            Ok(table
+                .get(id)
+                .map_err(|e| open_error(path, e.into()))?
+                .map(|v| v.value().to_vec()))
+        })
+    }
+
+    fn task_events(
+        &self,
+        id: &[u8],
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<TaskEventRecord>, StoreError> {
+        let path = &self.path;
+        guarded(path, || {
+            let txn = self
+                .db
+                .begin_read()
+                .map_err(|e| open_error(path, e.into()))?;
+            let table = match txn.open_table(TASK_EVENTS) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(open_error(path, e.into())),
+            };
+            let (lo, hi) = (event_key(id, from), event_key(id, u64::MAX));
+            // (`from` may be 0: the first event is 1.)
+            let mut out = Vec::new();
+            for item in table
+                .range(lo.as_slice()..=hi.as_slice())
+                .map_err(|e| open_error(path, e.into()))?
+                .take(limit)
+            {
+                let (_, v) = item.map_err(|e| open_error(path, e.into()))?;
+                out.push(decode(path, "task event", v.value())?);
+            }
+            Ok(out)
+        })
     }
 }
 

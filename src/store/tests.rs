@@ -202,6 +202,7 @@ fn every_record_kind_round_trips_and_survives_reopening() {
         },
         members: vec![member("c1", "first"), member("c2", "second")],
         answers: vec![answer(4, "r9", 3), answer(5, "r1", 1), answer(5, "r2", 2)],
+        tasks: Vec::new(),
     };
     assert_eq!(store.load().expect("load"), expected);
 

@@ -403,7 +403,7 @@ pub async fn repeated_req_id_of_an_open_and_an_ended_stream(a: Arena) -> Expect 
 pub async fn stream_verb_on_a_version_1_session(a: Arena) -> Expect {
     let mut w = a.wire_v1().await;
     let view = w.node_manifest.clone().unwrap();
-    assert!(view.is_partial_view() && !view.has_streams());
+    assert!(view.is_partial_view() && !view.has_protocol_2_verbs());
     let adv = view.capability("app.adv").unwrap();
     assert!(
         adv.verb("gen").is_none(),

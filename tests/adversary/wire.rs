@@ -307,14 +307,17 @@ impl Wire {
     /// frame was not a hello (it is then left in the inbox).
     pub async fn hello_as(&mut self, speaks: Speaks) -> bool {
         let whole = peer_manifest(self.id, speaks);
-        let first = whole.without_streams();
+        let first = whole.version_1_view();
         self.send(&[&hello_record_of(&first, 1)]).await;
         let m = match self.next(Duration::from_secs(10)).await {
             Some(Frame::Hello(h)) => {
                 assert_eq!(h.protocol, 1, "a first hello names protocol 1 (4.1)");
                 let m: Manifest = h.manifest.decode().unwrap();
                 assert_eq!(m.node_id, self.node, "the node names itself");
-                assert!(!m.has_streams(), "a first hello shows no stream verb");
+                assert!(
+                    !m.has_protocol_2_verbs(),
+                    "a first hello shows no stream verb"
+                );
                 m
             }
             Some(other) => {

@@ -30,7 +30,9 @@ from peer import Mismatch, PeerClosed, any_item, check, check_map, equal, ok, on
 U32 = (1 << 32) - 1
 QUIET = 0.5  # seconds to wait when checking that nothing more comes
 V1_KINDS = ("request", "notification")
-V2_KINDS = ("request", "notification", "stream")
+V2_KINDS = ("request", "notification", "stream", "task")
+V2_ONLY_KINDS = ("stream", "task")
+V2_ONLY_CAPS = ("core.tasks",)  # 4.10: tasks exist in protocol 2 only
 FRAME_TYPES = ("hello", "control", "response", "cancel", "close", "keepalive", "item", "credit")
 PROTOCOL_CAP = {"versions": ("request", "bootstrap")}  # 3.5
 V1_VIEW = "version-1 view"
@@ -72,12 +74,16 @@ def speaks_2(manifest):
 
 
 def version_1_view(whole):
-    """4.1: the whole manifest without its stream verbs, a capability left
-    with no verb left out, core.protocol's params "version-1 view" when
-    anything was left out; the same epoch."""
+    """4.1: the whole manifest without its stream and task verbs and
+    without core.tasks, a capability left with no verb left out,
+    core.protocol's params "version-1 view" when anything was left out;
+    the same epoch."""
     caps, dropped = [], False
     for cap in whole["capabilities"]:
-        verbs = [v for v in cap["verbs"] if v["kind"] != "stream"]
+        if cap["id"] in V2_ONLY_CAPS:
+            dropped = True
+            continue
+        verbs = [v for v in cap["verbs"] if v["kind"] not in V2_ONLY_KINDS]
         dropped |= len(verbs) != len(cap["verbs"])
         if verbs:
             caps.append({**cap, "verbs": verbs})
@@ -88,7 +94,7 @@ def version_1_view(whole):
 
 def stream_verbs(manifest):
     return sorted(f"{c['id']}/{v['name']}" for c in manifest["capabilities"] for v in c["verbs"]
-                  if v["kind"] == "stream")
+                  if v["kind"] in V2_ONLY_KINDS)
 
 
 # ----------------------------------------------------------------- 4.9 bytes

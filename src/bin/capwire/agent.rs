@@ -5,15 +5,19 @@
 //! logged, `ask` (controller) makes the node call another node's `echo`,
 //! `probe` (controller) makes it call any verb of another node and say
 //! what came back (the demo uses it to show a denial between agents), and
-//! `tell` (bootstrap stream, protocol 2) streams its answer word by word.
+//! `tell` (bootstrap stream, protocol 2) streams its answer word by word,
+//! and `work` (bootstrap task, protocol 2) is long-running work in steps
+//! that reports progress, may ask whether to go on, and picks up where it
+//! was when the node starts again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use capwire::envelope::RawValue;
+use capwire::manifest::TaskEventKind;
 use capwire::manifest::{NoArgs, verb};
-use capwire::{Capability, HandlerError, Items, NodeHandle, NodeId, Sender, State};
+use capwire::{Capability, HandlerError, Items, NodeHandle, NodeId, Sender, State, Task};
 use serde::{Deserialize, Serialize};
 
 verb! {
@@ -66,6 +70,44 @@ verb! {
     pub(crate) struct Tell: stream "app.agent" / "tell", Bootstrap, String => String;
 }
 
+/// Args of `app.agent/work`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WorkArgs {
+    /// What the work is about (it is in the result).
+    pub(crate) text: String,
+    /// How many steps (1 to 1000; default 5).
+    #[serde(default)]
+    pub(crate) steps: Option<u32>,
+    /// Milliseconds per step (at most 60000; default 200).
+    #[serde(default)]
+    pub(crate) step_ms: Option<u64>,
+    /// Ask first whether to go on (answer `true` or `false`).
+    #[serde(default)]
+    pub(crate) ask: bool,
+}
+
+/// One step of `app.agent/work` done: its progress.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WorkStep {
+    /// The step just done, from 1.
+    pub(crate) step: u32,
+    /// Of how many.
+    pub(crate) of: u32,
+}
+
+verb! {
+    /// `app.agent/work` (task): works through `steps` steps, one progress
+    /// each, asking first whether to go on when `ask`; answers
+    /// `NAME: TEXT: done in N steps`. Resumed after a restart from the last
+    /// step it reported.
+    pub(crate) struct Work: task "app.agent" / "work", Bootstrap, WorkArgs => String;
+}
+
+/// How long `work` waits for the answer to its question.
+const ASK_WITHIN: Duration = Duration::from_secs(600);
+
 /// The node's name, for `echo`, and how many notes it got.
 #[derive(Debug, Clone)]
 pub(crate) struct AgentName(pub(crate) String, pub(crate) Arc<AtomicU64>);
@@ -90,6 +132,55 @@ async fn tell(
         words.send(word.to_owned()).await?;
     }
     Ok(())
+}
+
+async fn work(
+    args: WorkArgs,
+    task: Task,
+    State(name): State<AgentName>,
+) -> Result<String, HandlerError> {
+    let bad = |m: &str| HandlerError::new(capwire::envelope::ErrorCode::BadArgs, m);
+    let steps = args.steps.unwrap_or(5);
+    let step_ms = args.step_ms.unwrap_or(200);
+    if !(1..=1000).contains(&steps) {
+        return Err(bad("steps: 1 to 1000"));
+    }
+    if step_ms > 60_000 {
+        return Err(bad("step_ms: at most 60000"));
+    }
+    // A resumed run goes on after the last step it reported, with the
+    // answer it was given (if it was).
+    let mut done = 0;
+    let mut answered = None;
+    if task.resumed() {
+        for e in task.events(1).await? {
+            match e.kind {
+                TaskEventKind::Progress => {
+                    if let Ok(s) = e.body.decode::<WorkStep>() {
+                        done = s.step;
+                    }
+                }
+                TaskEventKind::Answer => answered = e.body.decode::<bool>().ok(),
+                _ => {}
+            }
+        }
+    }
+    if args.ask && answered.is_none() && done == 0 {
+        let question = format!("{}: go on with {:?} ({steps} steps)?", name.0, args.text);
+        answered = Some(task.ask::<_, bool>(&question, ASK_WITHIN).await?);
+    }
+    if answered == Some(false) {
+        return Err(
+            HandlerError::app("declined", "told not to go on").unwrap_or_else(|_| {
+                HandlerError::new(capwire::envelope::ErrorCode::Cancelled, "declined")
+            }),
+        );
+    }
+    for step in done + 1..=steps {
+        tokio::time::sleep(Duration::from_millis(step_ms)).await;
+        task.progress(&WorkStep { step, of: steps }).await?;
+    }
+    Ok(format!("{}: {}: done in {steps} steps", name.0, args.text))
 }
 
 async fn note(
@@ -137,7 +228,8 @@ pub(crate) fn capability() -> Capability {
             .handle(Note, note)
             .handle(Ask, ask)
             .handle(Probe, probe)
-            .stream(Tell, tell),
+            .stream(Tell, tell)
+            .resumable_task(Work, work),
         // "1.0.0" is a valid version.
         Err(_) => unreachable!("app.agent's version is valid"),
     }
