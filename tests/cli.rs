@@ -1897,6 +1897,46 @@ fn call_wait_follows_a_task_to_its_end() {
     );
     assert_fails(&out, 2, "--req-id");
 
+    // A running watch sees the node's pushes of each change of state,
+    // and serves the call handed to it.
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"]).arg(&cp).arg("watch");
+    let mut watch = Spawned::start(cmd, "ctl watch");
+    watch.wait_record(Duration::from_secs(10), "the connected record", |r| {
+        r["kind"] == "connected"
+    });
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            args,
+            "--wait",
+        ],
+    );
+    let pushed = submitted(&out.records());
+    let last = watch.wait_record(Duration::from_secs(10), "the completed push", |r| {
+        r["kind"] == "task_changed" && r["task"] == pushed.as_str() && r["state"] == "completed"
+    });
+    assert_eq!(last["from"], "alpha", "{last}");
+    assert_eq!(last["submitter"], "this control plane", "{last}");
+    assert_eq!(last["cap"], "app.agent", "{last}");
+    assert_eq!(last["seq"], 6, "{last}");
+    let states: Vec<Json> = watch
+        .records()
+        .into_iter()
+        .filter(|r| r["kind"] == "task_changed" && r["task"] == pushed.as_str())
+        .map(|r| r["state"].clone())
+        .collect();
+    // Every event but progress is pushed.
+    assert_eq!(states, ["submitted", "working", "completed"], "{states:?}");
+    watch.signal("INT");
+    assert!(watch.wait_exit(Duration::from_secs(10)).success());
+
     // --wait is for task verbs; --answer needs --wait; a task verb is no
     // notification. Nothing is sent.
     let out = ctl(

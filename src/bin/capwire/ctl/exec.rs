@@ -811,6 +811,20 @@ impl Ctx {
                         let from = self.book().name_of(&from);
                         emit(out, roster_json(&from, &roster)).await?;
                     }
+                    Ok(ControlEvent::Task { from, change }) => {
+                        let from = self.book().name_of(&from);
+                        let submitter = if change.submitter == self.node.id() {
+                            "this control plane".to_owned()
+                        } else {
+                            self.book().name_of(&change.submitter)
+                        };
+                        emit(out, json!({
+                            "kind": "task_changed", "from": from, "task": change.task,
+                            "cap": change.cap, "verb": change.verb, "submitter": submitter,
+                            "state": change.state.as_str(), "seq": change.seq,
+                            "at_ms": change.at_ms, "dropped": change.dropped,
+                        })).await?;
+                    }
                     Ok(_) => {}
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         emit(out, json!({"kind": "lagged", "missed": missed})).await?;

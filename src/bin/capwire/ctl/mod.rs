@@ -3,8 +3,9 @@
 //! nodes with their invites and then calls them.
 //!
 //! Only one process at a time can own a state directory (its store is
-//! locked), yet a `ctl watch` or `ctl top` runs for long while other
-//! commands are typed in another terminal. So such an owner also listens
+//! locked), yet a `ctl watch`, a `ctl top` or a command that follows a task
+//! (`call --wait`, `tasks watch`) runs for long while other commands are
+//! typed in another terminal. So such an owner also listens
 //! on `ctl.sock` in the (owner-only) state directory, and a `ctl` that
 //! finds the directory in use hands its command to the owner over that
 //! socket and prints what comes back: the same records, the same exit

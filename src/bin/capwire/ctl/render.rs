@@ -370,6 +370,23 @@ pub(crate) fn human(r: &Json) -> String {
         }
         "task" => out = task_text(s(r, "peer"), &r["value"]),
         "tasks" => out = tasks_text(r),
+        "task_changed" => {
+            out = format!(
+                "{} {:<10} task {} {}/{} -> {} (event #{}, submitted by {})",
+                clock(r["at_ms"].as_u64().unwrap_or(0)),
+                s(r, "from"),
+                s(r, "task"),
+                s(r, "cap"),
+                s(r, "verb"),
+                s(r, "state"),
+                r["seq"],
+                s(r, "submitter")
+            );
+            let dropped = r["dropped"].as_u64().unwrap_or(0);
+            if dropped > 0 {
+                let _ = write!(out, "  ({dropped} changes dropped before this one)");
+            }
+        }
         "connected" => out = format!("connected to {}", s(r, "peer")),
         "disconnected" => out = format!("lost the session with {} (retrying)", s(r, "peer")),
         "lagged" => out = format!("missed {} pushes (this terminal was too slow)", r["missed"]),
