@@ -2176,6 +2176,23 @@ fn tasks_list_get_watch_cancel_respond_and_what_a_stranger_sees() {
         "{text}"
     );
 
+    // A watch of the task that waits says so and follows on; meanwhile it
+    // serves the other commands on this state directory, the answer too.
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"])
+        .arg(&cp)
+        .args(["tasks", "alpha", "watch", &asking]);
+    let mut waiter = cli_support::Held::start(cmd, "ctl tasks watch (a question)");
+    let mut first: Vec<Json> = (0..4).map(|_| waiter.record()).collect();
+    assert_eq!(
+        first.pop().unwrap(),
+        json!({
+            "kind": "waiting", "peer": "alpha", "task": asking, "question_seq": 3,
+            "question": "alpha: go on with \"asking\" (1 steps)?",
+        })
+    );
+    assert_eq!(task_events(&first, &asking).len(), 3);
+
     // respond: the question's seq must match when given; a task that
     // waits on nothing is a conflict; the answer goes on to the result.
     let out = ctl(
@@ -2213,6 +2230,17 @@ fn tasks_list_get_watch_cancel_respond_and_what_a_stranger_sees() {
     let state = &answered["value"]["state"];
     assert!(state == "working" || state == "completed", "{answered}");
     assert_eq!(answered["value"]["question"], Json::Null, "{answered}");
+    let stderr = waiter.stderr();
+    let (status, rest) = waiter.finish(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{stderr:#?}");
+    let rest: Vec<Json> = rest
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let events = task_events(&rest, &asking);
+    assert_eq!(events.len(), rest.len(), "{rest:#?}");
+    assert_eq!(events[0]["seq"], 4, "{rest:#?}");
+    assert_eq!(events.last().unwrap()["state"], "completed");
     let out = ctl_ok(&cp, &["--json", "tasks", "alpha", "watch", &asking]);
     let events = task_events(&out.records(), &asking);
     assert_eq!(
