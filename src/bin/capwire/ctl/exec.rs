@@ -923,8 +923,10 @@ pub(super) enum Way {
 
 /// Refuses, before anything is sent, a call whose form does not fit the
 /// verb's kind in the node's manifest: `--stream` is for stream verbs
-/// only, and a stream verb takes nothing else. A verb the manifest does
-/// not list is left for the node to refuse (`unknown_verb`).
+/// only, and a stream verb takes nothing else; `--wait` is for task verbs
+/// only, and a task verb is not sent as a notification. A verb the
+/// manifest does not list is left for the node to refuse (`unknown_verb`).
+/// The verb's kind, when the manifest lists it.
 fn check_kind(
     peer: &Peer,
     name: &str,

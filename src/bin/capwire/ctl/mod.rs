@@ -286,7 +286,7 @@ pub(crate) fn tasks_target<'a>(
 
 impl CtlCommand {
     /// Whether it runs until it ends or is interrupted, printing as it
-    /// goes: a watch, a stream.
+    /// goes: a watch, a stream, a task followed.
     pub(crate) fn is_long_running(&self) -> bool {
         matches!(
             self,
