@@ -1545,6 +1545,7 @@ fn task_events(records: &[Json], task: &str) -> Vec<Json> {
     for e in &events {
         assert_eq!(e["task"], task, "{e}");
         assert_eq!(e["peer"], "alpha", "{e}");
+        assert_eq!(e["via"], "alpha", "{e}");
         assert!(e["at_ms"].as_u64().unwrap() > 0, "{e}");
     }
     events
@@ -2120,7 +2121,7 @@ fn tasks_list_get_watch_cancel_respond_and_what_a_stranger_sees() {
     let from = before.last().unwrap()["seq"].as_u64().unwrap() + 1;
     assert_eq!(
         detached,
-        json!({"kind": "detached", "peer": "alpha", "task": long, "from": from})
+        json!({"kind": "detached", "peer": "alpha", "via": "alpha", "task": long, "from": from})
     );
     // ... and the task went on meanwhile.
     poll(Duration::from_secs(10), "more progress", || {
@@ -2187,7 +2188,8 @@ fn tasks_list_get_watch_cancel_respond_and_what_a_stranger_sees() {
     assert_eq!(
         first.pop().unwrap(),
         json!({
-            "kind": "waiting", "peer": "alpha", "task": asking, "question_seq": 3,
+            "kind": "waiting", "peer": "alpha", "via": "alpha", "task": asking,
+            "question_seq": 3,
             "question": "alpha: go on with \"asking\" (1 steps)?",
         })
     );
@@ -2303,4 +2305,24 @@ fn tasks_list_get_watch_cancel_respond_and_what_a_stranger_sees() {
     assert_eq!(record["tasks"].as_array().unwrap().len(), 1, "{record}");
     assert_eq!(record["tasks"][0]["task"], theirs.as_str());
     assert_eq!(ids(&[]).0, [theirs, long, asking, done]);
+    // A node it names by its invite is named so in what it is told to
+    // type next.
+    let out = ctl(
+        &stranger,
+        &[
+            "call",
+            invite,
+            "app.agent",
+            "work",
+            "--args",
+            r#"{"text": "ask me", "ask": true}"#,
+            "--wait",
+        ],
+    );
+    assert_eq!(out.code, 8, "{out:#?}");
+    let line = stderr_line(&out);
+    assert!(
+        line.contains(&format!("capwire ctl tasks '{invite}' respond ")),
+        "{line}"
+    );
 }

@@ -106,6 +106,16 @@ impl Ctx {
         lock(&self.book)
     }
 
+    /// How a later command names `entry`, which `spec` named: its name
+    /// when it is in the book, else `spec` (an invite) quoted for a shell.
+    fn via(&self, entry: &Entry, spec: &str) -> String {
+        if self.book().peers.iter().any(|p| p.node_id == entry.node_id) {
+            entry.name.clone()
+        } else {
+            format!("'{spec}'")
+        }
+    }
+
     /// A session with `entry`: the one up already, or a new one.
     async fn reach(&self, entry: &Entry, timeout: Duration) -> Result<Peer, Failure> {
         if self.node.connected_peers().contains(&entry.node_id) {
@@ -431,22 +441,34 @@ impl Ctx {
                         .map_err(|e| Failure::failed(format!("unreadable result: {e}")))?;
                     return emit(out, json!({"kind": "result", "value": value})).await;
                 }
+                let via = self.via(&entry, &peer);
                 let task = self
-                    .submitted(&entry.name, &cap, &verb, &reply, out)
+                    .submitted(&entry.name, &via, &cap, &verb, &reply, out)
                     .await?;
                 if !wait {
                     return Ok(());
                 }
                 let on_question = answer.map_or(OnQuestion::Stop, OnQuestion::Answer);
-                self.follow(&session, &entry.name, &task, 1, on_question, timeout, out)
-                    .await
+                self.follow(
+                    &session,
+                    &entry.name,
+                    &via,
+                    &task,
+                    1,
+                    on_question,
+                    timeout,
+                    out,
+                )
+                .await
             }
             CtlCommand::Tasks { node, peer, op } => {
                 let node = tasks_target(node.as_deref(), peer.as_deref())?;
                 super::tasks::check(&op)?;
                 let entry = self.book().resolve(node)?;
                 let session = self.reach(&entry, timeout).await?;
-                self.tasks(&session, &entry.name, op, timeout, out).await
+                let via = self.via(&entry, node);
+                self.tasks(&session, &entry.name, &via, op, timeout, out)
+                    .await
             }
             CtlCommand::Manifest { node } => {
                 let entry = self.book().resolve(node.get()?)?;

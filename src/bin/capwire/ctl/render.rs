@@ -20,9 +20,10 @@ pub(crate) struct Printer {
     written: usize,
     /// Stream items printed (or being printed).
     items: u64,
-    /// The task being followed: its node, its id and the seq of the next
+    /// The task being followed: its node, how to name that node, its id
+    /// and the seq of the next
     /// event (from the `submitted` and `event` records printed).
-    following: Option<(Json, Json, u64)>,
+    following: Option<(Json, Json, Json, u64)>,
 }
 
 impl Printer {
@@ -42,8 +43,10 @@ impl Printer {
     /// the record `detached` that says where to pick up: for a command
     /// that follows a task and is interrupted.
     pub(crate) fn detached(&self) -> Option<Json> {
-        let (peer, task, from) = self.following.as_ref()?;
-        Some(serde_json::json!({"kind": "detached", "peer": peer, "task": task, "from": from}))
+        let (peer, via, task, from) = self.following.as_ref()?;
+        Some(serde_json::json!({
+            "kind": "detached", "peer": peer, "via": via, "task": task, "from": from,
+        }))
     }
 
     /// How many `item` records it printed.
@@ -74,11 +77,21 @@ impl Printer {
             self.items += 1;
         }
         if record["kind"] == "submitted" {
-            self.following = Some((record["peer"].clone(), record["task"].clone(), 1));
+            self.following = Some((
+                record["peer"].clone(),
+                record["via"].clone(),
+                record["task"].clone(),
+                1,
+            ));
         }
         if record["kind"] == "event" {
             let next = record["seq"].as_u64().unwrap_or(0) + 1;
-            self.following = Some((record["peer"].clone(), record["task"].clone(), next));
+            self.following = Some((
+                record["peer"].clone(),
+                record["via"].clone(),
+                record["task"].clone(),
+                next,
+            ));
         }
         self.line = text.into_bytes();
         self.line.push(b'\n');
@@ -345,7 +358,7 @@ pub(crate) fn human(r: &Json) -> String {
         "waiting" => {
             out = format!(
                 "      waits for an answer: capwire ctl tasks {} respond {} JSON",
-                s(r, "peer"),
+                s(r, "via"),
                 s(r, "task")
             );
         }
@@ -363,12 +376,12 @@ pub(crate) fn human(r: &Json) -> String {
                 "stopped following task {} (it goes on at the node): capwire ctl tasks {} watch \
                  {} --from {}",
                 s(r, "task"),
-                s(r, "peer"),
+                s(r, "via"),
                 s(r, "task"),
                 r["from"]
             );
         }
-        "task" => out = task_text(s(r, "peer"), &r["value"]),
+        "task" => out = task_text(s(r, "peer"), s(r, "via"), &r["value"]),
         "tasks" => out = tasks_text(r),
         "task_changed" => {
             out = format!(
@@ -414,7 +427,7 @@ fn event_line(r: &Json) -> String {
 }
 
 /// One task's info, a few lines.
-fn task_text(peer: &str, v: &Json) -> String {
+fn task_text(peer: &str, via: &str, v: &Json) -> String {
     let mut out = format!(
         "task {} on {peer} ({}/{}): {}\n",
         s(v, "task"),
@@ -437,7 +450,7 @@ fn task_text(peer: &str, v: &Json) -> String {
     if let Some(seq) = v["question_seq"].as_u64() {
         let _ = writeln!(
             out,
-            "  question (event #{seq}) {}\n  answer it: capwire ctl tasks {peer} respond {} JSON",
+            "  question (event #{seq}) {}\n  answer it: capwire ctl tasks {via} respond {} JSON",
             value_line(&v["question"]),
             s(v, "task")
         );

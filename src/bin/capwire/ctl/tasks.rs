@@ -80,9 +80,9 @@ pub(super) fn info_json(info: &TaskInfo) -> Json {
     })
 }
 
-fn event_json(peer: &str, task: &str, e: &TaskEvent) -> Json {
+fn event_json(peer: &str, via: &str, task: &str, e: &TaskEvent) -> Json {
     json!({
-        "kind": "event", "peer": peer, "task": task, "seq": e.seq, "at_ms": e.at_ms,
+        "kind": "event", "peer": peer, "via": via, "task": task, "seq": e.seq, "at_ms": e.at_ms,
         "state": e.state.as_str(), "event": kind_str(e.kind), "body": json_of(&e.body),
     })
 }
@@ -148,6 +148,7 @@ impl Ctx {
     pub(super) async fn submitted(
         &self,
         name: &str,
+        via: &str,
         cap: &str,
         verb: &str,
         reply: &RawValue,
@@ -159,7 +160,7 @@ impl Ctx {
         emit(
             out,
             json!({
-                "kind": "submitted", "peer": name, "cap": cap, "verb": verb,
+                "kind": "submitted", "peer": name, "via": via, "cap": cap, "verb": verb,
                 "task": submitted.task, "state": submitted.state.as_str(),
             }),
         )
@@ -174,6 +175,7 @@ impl Ctx {
         &self,
         peer: &Peer,
         name: &str,
+        via: &str,
         id: &str,
         from: u64,
         mut on_question: OnQuestion,
@@ -187,7 +189,7 @@ impl Ctx {
         let doing = format!("{name} core.tasks/subscribe");
         while let Some(event) = events.next().await {
             let event = event.map_err(|e| Failure::call(&doing, &e))?;
-            emit(out, event_json(name, id, &event)).await?;
+            emit(out, event_json(name, via, id, &event)).await?;
             if event.state.is_final() {
                 let error = match event.kind {
                     TaskEventKind::Error => event.body.decode::<ErrorBody>().ok(),
@@ -222,8 +224,8 @@ impl Ctx {
                         ANSWER_NEEDED,
                         format!(
                             "task {id} waits for an answer to its question (event {}): answer \
-                             it with `capwire ctl tasks {name} respond {id} JSON`, then follow \
-                             it with `capwire ctl tasks {name} watch {id} --from {}`",
+                             it with `capwire ctl tasks {via} respond {id} JSON`, then follow \
+                             it with `capwire ctl tasks {via} watch {id} --from {}`",
                             event.seq,
                             event.seq + 1
                         ),
@@ -234,7 +236,7 @@ impl Ctx {
                     emit(
                         out,
                         json!({
-                            "kind": "waiting", "peer": name, "task": id,
+                            "kind": "waiting", "peer": name, "via": via, "task": id,
                             "question_seq": event.seq, "question": json_of(&event.body),
                         }),
                     )
@@ -255,7 +257,7 @@ impl Ctx {
         emit(
             out,
             json!({
-                "kind": "ended", "peer": name, "task": id, "state": info.state.as_str(),
+                "kind": "ended", "peer": name, "via": via, "task": id, "state": info.state.as_str(),
                 "seq": info.seq, "from": from,
             }),
         )
@@ -268,13 +270,13 @@ impl Ctx {
         &self,
         peer: &Peer,
         name: &str,
+        via: &str,
         op: TasksOp,
         timeout: Duration,
         out: &Out,
     ) -> Result<(), Failure> {
         let handle = |id: &str| -> TaskHandle<RawValue> { peer.task(id) };
-        let info =
-            |value: TaskInfo| json!({"kind": "task", "peer": name, "value": info_json(&value)});
+        let info = |value: TaskInfo| json!({"kind": "task", "peer": name, "via": via, "value": info_json(&value)});
         match op {
             TasksOp::List {
                 state,
@@ -316,7 +318,7 @@ impl Ctx {
                 let tasks: Vec<Json> = page.tasks.iter().map(info_json).collect();
                 emit(
                     out,
-                    json!({"kind": "tasks", "peer": name, "tasks": tasks, "next": page.next}),
+                    json!({"kind": "tasks", "peer": name, "via": via, "tasks": tasks, "next": page.next}),
                 )
                 .await
             }
@@ -353,6 +355,7 @@ impl Ctx {
                 self.follow(
                     peer,
                     name,
+                    via,
                     &id,
                     from.unwrap_or(1),
                     OnQuestion::Show,
