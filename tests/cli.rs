@@ -1883,6 +1883,26 @@ fn call_wait_follows_a_task_to_its_end() {
     let once = submit("build-42");
     assert_eq!(submit("build-42"), once);
     assert_ne!(submit("build-43"), once);
+    // A request with the same id is answered what the first one was.
+    let echo = |text: &str| {
+        let args = serde_json::to_string(text).unwrap();
+        let out = ctl_ok(
+            &cp,
+            &[
+                "call",
+                "alpha",
+                "app.agent",
+                "echo",
+                "--args",
+                &args,
+                "--req-id",
+                "echo-1",
+            ],
+        );
+        out.stdout
+    };
+    assert_eq!(echo("first"), "alpha: first\n");
+    assert_eq!(echo("second"), "alpha: first\n");
     let out = ctl(
         &cp,
         &[
