@@ -2094,6 +2094,8 @@ fn tasks_list_get_watch_cancel_respond_and_what_a_stranger_sees() {
         row(lines[3]),
         [done.as_str(), "completed", "app.agent/work"]
     );
+    let out = ctl(&cp, &["tasks", "alpha", "list", "--verb", "app.agent/"]);
+    assert_fails(&out, 2, "give CAP/VERB");
     let out = ctl(&cp, &["tasks", "alpha", "list", "--task-state", "finished"]);
     assert_eq!(out.code, 2, "{out:#?}");
     assert!(out.stderr.contains("is not a task state"), "{out:#?}");

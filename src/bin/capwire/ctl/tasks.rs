@@ -284,21 +284,7 @@ impl Ctx {
                 limit,
                 before,
             } => {
-                let (cap, verb) = match verb.as_deref() {
-                    None => (None, None),
-                    Some(v) => match v.split_once('/') {
-                        Some((c, v)) if !c.is_empty() && !v.is_empty() => {
-                            (Some(c.to_owned()), Some(v.to_owned()))
-                        }
-                        None if !v.is_empty() => (Some(v.to_owned()), None),
-                        _ => {
-                            return Err(Failure::new(
-                                USAGE,
-                                format!("--verb {v:?}: give CAP/VERB (e.g. app.agent/work) or CAP"),
-                            ));
-                        }
-                    },
-                };
+                let (cap, verb) = verb_filter(verb.as_deref())?;
                 let args = ListTasksArgs {
                     state,
                     cap,
@@ -368,10 +354,30 @@ impl Ctx {
     }
 }
 
+/// `--verb CAP/VERB` or `--verb CAP` as the filters of `list`.
+fn verb_filter(verb: Option<&str>) -> Result<(Option<String>, Option<String>), Failure> {
+    let Some(v) = verb else {
+        return Ok((None, None));
+    };
+    match v.split_once('/') {
+        Some((c, v)) if !c.is_empty() && !v.is_empty() && !v.contains('/') => {
+            Ok((Some(c.to_owned()), Some(v.to_owned())))
+        }
+        None if !v.is_empty() => Ok((Some(v.to_owned()), None)),
+        _ => Err(Failure::new(
+            USAGE,
+            format!("--verb {v:?}: give CAP/VERB (e.g. app.agent/work) or CAP"),
+        )),
+    }
+}
+
 /// Checks what `ctl tasks` was given before anything is sent.
 pub(super) fn check(op: &TasksOp) -> Result<(), Failure> {
     match op {
-        TasksOp::List { before, .. } => before.as_deref().map_or(Ok(()), check_id),
+        TasksOp::List { before, verb, .. } => {
+            verb_filter(verb.as_deref())?;
+            before.as_deref().map_or(Ok(()), check_id)
+        }
         TasksOp::Get { id } | TasksOp::Cancel { id } | TasksOp::Watch { id, .. } => check_id(id),
         TasksOp::Respond { id, answer, .. } => {
             check_id(id)?;
