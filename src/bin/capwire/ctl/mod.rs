@@ -495,7 +495,7 @@ Streams: the node's manifest says each verb's kind (`ctl manifest`). A stream
 verb takes --stream, and only a stream verb does: the other way round is
 refused before anything is sent (exit code 2). Items come as fast as they are
 printed: the node's handler waits while this side holds its window of items
-(256) not yet taken. A stream that ends with an error prints the record
+(4096) not yet taken. A stream that ends with an error prints the record
 {\"kind\":\"error\",\"items\":N,\"error\":CODE,\"message\":...} under --json,
 the error on stderr, and exits with the code the error calls for.";
 
