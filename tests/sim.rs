@@ -1664,14 +1664,11 @@ async fn partition_mid_task_cp(seed: u64, mut rng: StdRng, slot: SharedSlot, tra
         .expect("the subscription opens again")
         .unwrap();
     let mut resumed = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), events.next())
-            .await
-            .expect("events flow after the heal")
-        {
-            Some(e) => resumed.push(e.unwrap()),
-            None => break,
-        }
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(30), events.next())
+        .await
+        .expect("events flow after the heal")
+    {
+        resumed.push(e.unwrap());
     }
     trace.event(format!(
         "caller: resumed from seq {}, {} more events",

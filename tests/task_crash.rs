@@ -137,7 +137,14 @@ impl NodeProc {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("the node process starts");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let out = child.stdout.take().unwrap();
+        // Owned (killed and waited for on drop) before anything can fail.
+        let mut node = Self {
+            child,
+            id: NodeId::from_bytes([0; 32]),
+            addr: "127.0.0.1:1".parse().unwrap(),
+        };
+        let mut out = BufReader::new(out);
         let mut line = String::new();
         loop {
             line.clear();
@@ -147,11 +154,9 @@ impl NodeProc {
             );
             if let Some(ready) = line.trim().strip_prefix("READY ") {
                 let (id, addr) = ready.split_once(' ').unwrap();
-                return Self {
-                    child,
-                    id: id.parse().unwrap(),
-                    addr: addr.parse().unwrap(),
-                };
+                node.id = id.parse().unwrap();
+                node.addr = addr.parse().unwrap();
+                return node;
             }
         }
     }

@@ -677,8 +677,11 @@ mod tasks {
     use super::*;
     use crate::tasks::table::{Change, TaskId, TaskLimits, TaskTable};
 
+    /// Stores by name.
+    type Named = Vec<(&'static str, Box<dyn Store>)>;
+
     /// A redb store in a fresh directory and a memory store, by name.
-    fn both() -> (tempfile::TempDir, Vec<(&'static str, Box<dyn Store>)>) {
+    fn both() -> (tempfile::TempDir, Named) {
         let tmp = tempfile::tempdir().expect("tempdir");
         let (redb, _) = open_store(&tmp.path().join(STORE_FILE));
         let stores: Vec<(&'static str, Box<dyn Store>)> = vec![

@@ -192,6 +192,9 @@ fn consecutive(events: &[TaskEvent], from: u64) {
     }
 }
 
+/// The args of a verb for a task id.
+type ArgsOf = fn(&str) -> Vec<u8>;
+
 /// A random id, as well-formed as any task's.
 fn random_id() -> String {
     let mut b = [0u8; 16];
@@ -215,24 +218,20 @@ pub async fn probing_the_task_ids_of_others(a: Arena) -> Expect {
     .await;
     let mut prober = a.wire().await;
     let unknown = random_id();
-    let probes: Vec<(&str, Box<dyn Fn(&str) -> Vec<u8>>)> = vec![
-        ("get", Box::new(task_ref)),
-        ("cancel", Box::new(task_ref)),
-        (
-            "respond",
-            Box::new(|id: &str| tmap(&[("task", text(id)), ("answer", uint(1))])),
-        ),
-        (
-            "respond",
-            Box::new(|id: &str| {
-                tmap(&[
-                    ("task", text(id)),
-                    ("answer", text(&"a".repeat(4096))),
-                    ("question_seq", uint(3)),
-                ])
-            }),
-        ),
-        ("list", Box::new(|id: &str| tmap(&[("before", text(id))]))),
+    let probes: [(&str, ArgsOf); 5] = [
+        ("get", task_ref),
+        ("cancel", task_ref),
+        ("respond", |id| {
+            tmap(&[("task", text(id)), ("answer", uint(1))])
+        }),
+        ("respond", |id| {
+            tmap(&[
+                ("task", text(id)),
+                ("answer", text(&"a".repeat(4096))),
+                ("question_seq", uint(3)),
+            ])
+        }),
+        ("list", |id| tmap(&[("before", text(id))])),
     ];
     for (verb, args) in &probes {
         let on_theirs = tasks(&mut prober, verb, args(&theirs)).await;
