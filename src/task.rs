@@ -366,7 +366,8 @@ impl<T: DeserializeOwned> TaskHandle<T> {
     /// (`core.tasks/subscribe`). The subscription is opened again from
     /// where it was when the peer ends it for time (a task may be quiet
     /// for longer than a stream may idle), so it lasts as long as the
-    /// task.
+    /// task. Events the peer deleted before they were taken (a log past
+    /// its `max_task_events`) are not given: the `seq` then jumps.
     ///
     /// # Errors
     /// As [`Peer::stream`](crate::Peer::stream), when the subscription
