@@ -64,6 +64,7 @@
 //! | Tasks: subscriptions from seq 0, past the end and from 2^64-1; a subscriber that never grants credit; a log past `max_task_events` with a subscriber resuming across the fold | `subscribe_from_a_huge_or_zero_seq`, `a_subscriber_that_never_grants_credit`, `an_event_log_past_max_task_events` | src/store/tests.rs (folding in both stores) |
 //! | Tasks on a version-1 session (`unknown_verb`), and a task verb sent as a notification (dropped) | `task_verbs_on_a_version_1_session` | tests/tasks.rs |
 //! | Tasks: a submit retried after its session is cut, or after it was cancelled or given no budget (the same task, nothing started twice) | `a_submit_retried_after_the_session_is_cut`, `a_cancelled_submit_retried` | tests/task_crash.rs (kill -9 mid-task), tests/sim.rs `a_partition_mid_task_loses_no_event` |
+//! | Tasks: `core.tasks/changed` pushes forged by a stranger, by the thousand (handed over with the stranger's key, the node's tasks untouched) | `forged_task_changes_from_a_stranger` | tests/tasks.rs |
 //! | A node restarted (kill -9) while config writes are in flight | not in this harness: it needs a process to kill | tests/crash.rs `acknowledged_config_writes_survive_sigkill_and_retries_are_not_applied_twice` |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -278,6 +279,8 @@ attacks! {
         tasks::tasks_setup().limits(|l| l.replay_window = Duration::from_secs(1))
     ) => tasks::a_submit_retried_after_the_session_is_cut;
     real a_cancelled_submit_retried(tasks::tasks_setup()) => tasks::a_cancelled_submit_retried;
+    real forged_task_changes_from_a_stranger(tasks::tasks_setup())
+        => tasks::forged_task_changes_from_a_stranger;
 
     // Faults.
     real peer_cut_mid_request(Setup::tcp()) => faults::peer_cut_mid_request;

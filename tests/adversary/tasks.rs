@@ -5,8 +5,9 @@
 //! not ids, floods submits past the quotas, sends bodies past
 //! `max_task_body`, answers out of turn, with the wrong type and twice,
 //! races cancels against the end, subscribes from absurd seqs and without
-//! credit, reads a log past `max_task_events`, speaks protocol 1, and
-//! retries submits whose answers it lost or cancelled. Each outcome is the
+//! credit, reads a log past `max_task_events`, speaks protocol 1,
+//! retries submits whose answers it lost or cancelled, and forges
+//! `core.tasks/changed` pushes. Each outcome is the
 //! one WIRE.md 4.10 (and 4.3, 4.4, 4.8, 4.9) gives; the harness then
 //! checks, as for every attack, that the node let go of everything and
 //! serves an honest peer.
@@ -1051,4 +1052,73 @@ pub async fn a_cancelled_submit_retried(a: Arena) -> Expect {
     until("every handler ends", || get(&a.tally.task_ended) == 13).await;
     assert_eq!(get(&a.tally.task_started), 13);
     Expect::nothing()
+}
+
+/// A stranger sends `core.tasks/changed` pushes by the thousand, naming
+/// one of the node's own tasks and another sender as its submitter: the
+/// node hands each to its application with the stranger's key as their
+/// sender (never its own, never the named submitter's), a slow reader is
+/// told how many it missed, and the node's task is not touched.
+pub async fn forged_task_changes_from_a_stranger(a: Arena) -> Expect {
+    let owner_key = Keypair::generate().unwrap();
+    let mut owner = a.wire_as(&owner_key).await;
+    let real = submitted(&mut owner, "wait", vec![NULL]).await;
+    until("it runs", || get(&a.tally.task_started) == 1).await;
+    let mut events = a.node.control_events();
+    let mut stranger = a.wire().await;
+    let forged = |n: u64| {
+        tmap(&[
+            ("task", text(&real)),
+            ("cap", text("app.adv")),
+            ("verb", text("wait")),
+            ("submitter", bytes(owner_key.public().as_bytes())),
+            ("state", text("completed")),
+            ("seq", uint(n)),
+            ("at_ms", uint(1)),
+            ("dropped", uint(0)),
+        ])
+    };
+    const PUSHES: u64 = 3000;
+    let pushes: Vec<Vec<u8>> = (1..=PUSHES)
+        .map(|n| control("core.tasks", "changed", "", forged(n)))
+        .collect();
+    stranger.send_batched(&pushes).await;
+    let (mut got, mut missed) = (0u64, 0u64);
+    while got + missed < PUSHES {
+        match tokio::time::timeout(Duration::from_secs(10), events.recv()).await {
+            Ok(Ok(capwire::ControlEvent::Task { from, change })) => {
+                assert_eq!(
+                    from, stranger.id,
+                    "the sender is the key the handshake proved"
+                );
+                assert_eq!(
+                    change.submitter,
+                    owner_key.public(),
+                    "as sent: the application judges it"
+                );
+                got += 1;
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => missed += n,
+            Ok(Err(e)) => panic!("{e:?}"),
+            Err(_) => panic!("{got} pushes handed over and {missed} missed of {PUSHES}"),
+        }
+    }
+    assert!(got > 0);
+    eprintln!("forged pushes: {got} handed to the application, {missed} missed by a slow reader");
+    // Nothing happened to the task.
+    let i = info(&mut owner, &real).await;
+    assert_eq!((i.state, i.seq), (TaskState::Working, 2), "{i:?}");
+    let r = ask(
+        &mut stranger,
+        "app.adv",
+        "echo",
+        &rid("echo"),
+        text("after"),
+    )
+    .await;
+    assert_eq!(ok_text(&r), "echo: after");
+    tasks(&mut owner, "cancel", task_ref(&real)).await;
+    until("it ends", || get(&a.tally.task_ended) == 1).await;
+    Expect::runs(1)
 }
