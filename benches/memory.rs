@@ -34,7 +34,8 @@
 //!   (the baseline), N tasks whose handlers asked a question and wait for
 //!   its answer (`input_required`), the same N once cancelled (ended,
 //!   kept for their retention), and what is left once the retention
-//!   passed.
+//!   passed; twice, and the second round's growth over the first (kept
+//!   capacity is reused, a leak grows again).
 //! - `slow`: one stream whose producer goes as fast as credit allows and
 //!   whose consumer takes 10 items/s, for 10 s (`--slow`: 60 s): items
 //!   sent and not taken (at most the window), the caller's buffered
@@ -63,9 +64,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use capwire::manifest::TaskState;
 use capwire::manifest::verb;
 use capwire::transport::{PROLOGUE, PROTOCOL_NAME};
-use capwire::manifest::TaskState;
 use capwire::{
     Addr, CallError, Capability, HandlerError, ItemStream, Items, Limits, Node, NodeId, Peer, Task,
     TaskHandle,
@@ -292,6 +293,7 @@ fn serve(k: usize, per_source: Option<usize>, streams: bool, tasks: Option<&str>
     }
     let tmp = tempfile::tempdir().unwrap();
     let state = (tasks == Some("redb")).then(|| tmp.path().join("state"));
+    let with_tasks = tasks.is_some();
     let empty = Mem::now();
     let nodes: Vec<Node> = run_on(rt.handle(), async move {
         let mut nodes = Vec::with_capacity(k);
@@ -303,7 +305,7 @@ fn serve(k: usize, per_source: Option<usize>, streams: bool, tasks: Option<&str>
             if streams {
                 builder = builder.capability(stream_capability());
             }
-            if tasks.is_some() {
+            if with_tasks {
                 builder = builder.capability(task_capability());
             }
             if let Some(dir) = &state {
@@ -338,14 +340,17 @@ fn serve(k: usize, per_source: Option<usize>, streams: bool, tasks: Option<&str>
                     .find(|(s, _)| *s == TaskState::InputRequired)
                     .map_or(0, |(_, n)| *n);
                 let kept: usize = st.tasks.iter().map(|(_, n)| n).sum();
+                let ledger = nodes[0].ledger_sizes();
                 println!(
-                    "mem {} {sessions} {refused} {} {} {} {} {} {held} {kept}",
+                    "mem {} {sessions} {refused} {} {} {} {} {} {held} {kept} {} {}",
                     Mem::now().line(),
                     st.streams_served,
                     st.queued_bytes,
                     st.stream_items_sent,
                     st.stream_credit_stalls,
                     st.inflight,
+                    ledger.remembered + ledger.forgotten,
+                    ledger.bytes,
                 );
             }
             _ => break,
@@ -393,6 +398,10 @@ struct ServerMem {
     /// Tasks waiting for an answer, and tasks kept in all.
     tasks_held: usize,
     tasks_kept: usize,
+    /// The first node's replay ledger: finished requests remembered, and
+    /// the bytes it charges for all it holds.
+    ledger_entries: usize,
+    ledger_bytes: usize,
 }
 
 impl Server {
@@ -459,6 +468,8 @@ impl Server {
             inflight: words[10].parse().unwrap(),
             tasks_held: words[11].parse().unwrap(),
             tasks_kept: words[12].parse().unwrap(),
+            ledger_entries: words[13].parse().unwrap(),
+            ledger_bytes: words[14].parse().unwrap(),
         }
     }
 
@@ -1309,57 +1320,80 @@ fn held_tasks(rt: &Runtime, quick: bool) {
         );
         sleep(rt, quiet(quick));
         let (c1, s1) = (Mem::now(), server.measure());
-        row(
-            "pending request (baseline)",
-            per_call(n, c0, &s0, c1, &s1),
-        );
+        row("pending request (baseline)", per_call(n, c0, &s0, c1, &s1));
         let _ = stop.send(());
         rt.block_on(calls).unwrap();
         server_until(&mut server, |m| m.inflight <= s0.inflight);
 
-        // Held tasks: each asked its question and waits for the answer.
-        let p = peer.clone();
-        let handles: Vec<TaskHandle<String>> = run_on(rt.handle(), async move {
-            let mut v = Vec::with_capacity(n);
-            for _ in 0..n {
-                v.push(p.submit(Held, ()).await.unwrap());
-            }
-            v
-        });
-        let s2 = server_until(&mut server, |m| m.tasks_held >= n);
-        assert_eq!(s2.tasks_held, n, "tasks waiting for an answer");
-        sleep(rt, quiet(quick));
-        let (c2, s2) = (Mem::now(), server.measure());
-        row(
-            "held task (asked, waiting for its answer)",
-            per_call(n, c0, &s0, c2, &s2),
-        );
+        // Twice: what the first round leaves behind once its tasks are
+        // deleted is either kept capacity (reused by the second round) or
+        // lost (grows again).
+        let mut ends = Vec::new();
+        for round in 1..=2 {
+            let tag = if round == 1 { "" } else { "again: " };
+            // Held tasks: each asked its question and waits for the answer.
+            let p = peer.clone();
+            let handles: Vec<TaskHandle<String>> = run_on(rt.handle(), async move {
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(p.submit(Held, ()).await.unwrap());
+                }
+                v
+            });
+            let s2 = server_until(&mut server, |m| m.tasks_held >= n);
+            assert_eq!(s2.tasks_held, n, "tasks waiting for an answer");
+            sleep(rt, quiet(quick));
+            let (c2, s2) = (Mem::now(), server.measure());
+            row(
+                &format!("{tag}held task, waiting for its answer"),
+                per_call(n, c0, &s0, c2, &s2),
+            );
 
-        // Cancelled: ended, kept for the retention.
-        let handles = run_on(rt.handle(), async move {
-            for h in &handles {
-                let info = h.cancel().await.unwrap();
-                assert_eq!(info.state, TaskState::Canceled);
-            }
-            handles
-        });
-        server_until(&mut server, |m| m.tasks_held == 0);
-        sleep(rt, quiet(quick));
-        let (c3, s3) = (Mem::now(), server.measure());
-        assert!(s3.tasks_kept >= n, "cancelled tasks are kept");
-        row(
-            "cancelled, kept for its retention",
-            per_call(n, c0, &s0, c3, &s3),
-        );
+            // Cancelled: ended, kept for the retention.
+            let handles = run_on(rt.handle(), async move {
+                for h in &handles {
+                    let info = h.cancel().await.unwrap();
+                    assert_eq!(info.state, TaskState::Canceled);
+                }
+                handles
+            });
+            server_until(&mut server, |m| m.tasks_held == 0);
+            sleep(rt, quiet(quick));
+            let (c3, s3) = (Mem::now(), server.measure());
+            assert!(s3.tasks_kept >= n, "cancelled tasks are kept");
+            row(
+                &format!("{tag}cancelled, kept for retention"),
+                per_call(n, c0, &s0, c3, &s3),
+            );
 
-        // The retention passed: every task deleted.
-        rt.block_on(async move { drop(handles) });
-        let s4 = server_until(&mut server, |m| m.tasks_kept == 0);
-        assert_eq!(s4.tasks_kept, 0, "tasks left after their retention");
-        let (c4, s4) = (Mem::now(), server.measure());
+            // The retention passed: every task deleted.
+            rt.block_on(async move { drop(handles) });
+            let s4 = server_until(&mut server, |m| m.tasks_kept == 0);
+            assert_eq!(s4.tasks_kept, 0, "tasks left after their retention");
+            let (c4, s4) = (Mem::now(), server.measure());
+            row(
+                &format!("{tag}retention passed"),
+                per_call(n, c0, &s0, c4, &s4),
+            );
+            ends.push((c4, s4));
+        }
+        let mut ends = ends.into_iter();
+        let ((c4, s4), (c5, s5)) = (ends.next().unwrap(), ends.next().unwrap());
         row(
-            "retention passed (should be ~0)",
-            per_call(n, c0, &s0, c4, &s4),
+            "  the second round's growth over the first",
+            per_call(n, c4, &s4, c5, &s5),
+        );
+        // Each task is two requests (its submit, its cancel), which the
+        // worker's replay ledger remembers for its window.
+        println!(
+            "  {:<44} {:>22} {:>22}",
+            "  of it, the replay ledger (entries, charge)",
+            "",
+            format!(
+                "{:.1} / task, {}",
+                (s5.ledger_entries as f64 - s4.ledger_entries as f64) / n as f64,
+                kib((s5.ledger_bytes as f64 - s4.ledger_bytes as f64) / n as f64)
+            ),
         );
         run_on(rt.handle(), async move { client.shutdown().await });
         server.stop();

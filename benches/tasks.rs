@@ -654,7 +654,10 @@ fn events(opts: &Opts, p: &Placement, store: StoreKind) {
              written {:.1} k/s{missed}",
             p.name,
             store.name(),
-            format!("{count} events, {subs} subscriber{}", if subs > 1 { "s" } else { "" }),
+            format!(
+                "{count} events, {subs} subscriber{}",
+                if subs > 1 { "s" } else { "" }
+            ),
             r.per_sub / 1e3,
             one.unwrap() / 1e3,
             "k/s",
@@ -854,7 +857,12 @@ fn retention(opts: &Opts, p: &Placement) {
     let during = p.client.block_on(during).unwrap();
     let quiet = run_on(
         &p.client,
-        rtts_until(peer, Arc::new(AtomicBool::new(true)), during.len(), during.len()),
+        rtts_until(
+            peer,
+            Arc::new(AtomicBool::new(true)),
+            during.len(),
+            during.len(),
+        ),
     );
     let after = file_size(&file).0;
     println!(
