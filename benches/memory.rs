@@ -42,7 +42,7 @@
 //!   items, the callee's send queue and credit stalls, both heaps, once a
 //!   second.
 //!
-//! `cargo bench --bench memory` runs all (about two minutes); `--quick` or
+//! `cargo bench --bench memory` runs all (about four minutes); `--quick` or
 //! `CAPWIRE_BENCH_QUICK=1` runs small sizes (a few seconds: the idle
 //! sessions still need 2.5 s to become quiet).
 //! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin,streams,tasks,slow` picks
