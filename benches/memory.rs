@@ -43,8 +43,9 @@
 //!   second.
 //!
 //! `cargo bench --bench memory` runs all (about four minutes); `--quick` or
-//! `CAPWIRE_BENCH_QUICK=1` runs small sizes (a few seconds: the idle
-//! sessions still need 2.5 s to become quiet).
+//! `CAPWIRE_BENCH_QUICK=1` runs small sizes (under a minute: the idle
+//! sessions still need 2.5 s to become quiet, and ended tasks their 8 s
+//! of retention).
 //! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin,streams,tasks,slow` picks
 //! sections; `CAPWIRE_BENCH_N` sets N for `idle`, `streams` and `tasks`
 //! and the session count
