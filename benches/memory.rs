@@ -28,17 +28,27 @@
 //!   not taken (heap beyond the items' bytes), what is left once all
 //!   ended; and the caller's heap for one slow stream's full window whose
 //!   items arrived among a bulk stream's.
+//! - `tasks`: heap per held task (protocol 2), per side, N tasks from one
+//!   session with the worker in its own process, once with each store
+//!   (in memory; redb in a state directory): beside N pending requests
+//!   (the baseline), N tasks whose handlers asked a question and wait for
+//!   its answer (`input_required`), the same N once cancelled (ended,
+//!   kept for their retention), and what is left once the retention
+//!   passed; twice, and the second round's growth over the first (kept
+//!   capacity is reused, a leak grows again).
 //! - `slow`: one stream whose producer goes as fast as credit allows and
 //!   whose consumer takes 10 items/s, for 10 s (`--slow`: 60 s): items
 //!   sent and not taken (at most the window), the caller's buffered
 //!   items, the callee's send queue and credit stalls, both heaps, once a
 //!   second.
 //!
-//! `cargo bench --bench memory` runs all (about two minutes); `--quick` or
-//! `CAPWIRE_BENCH_QUICK=1` runs small sizes (a few seconds: the idle
-//! sessions still need 2.5 s to become quiet).
-//! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin,streams,slow` picks sections;
-//! `CAPWIRE_BENCH_N` sets N for `idle` and `streams` and the session count
+//! `cargo bench --bench memory` runs all (about four minutes); `--quick` or
+//! `CAPWIRE_BENCH_QUICK=1` runs small sizes (under a minute: the idle
+//! sessions still need 2.5 s to become quiet, and ended tasks their 8 s
+//! of retention).
+//! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin,streams,tasks,slow` picks
+//! sections; `CAPWIRE_BENCH_N` sets N for `idle`, `streams` and `tasks`
+//! and the session count
 //! for `fanin`; `CAPWIRE_BENCH_SECS` the length of the `ledger` and `slow`
 //! runs.
 //!
@@ -55,10 +65,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use capwire::manifest::TaskState;
 use capwire::manifest::verb;
 use capwire::transport::{PROLOGUE, PROTOCOL_NAME};
 use capwire::{
-    Addr, CallError, Capability, HandlerError, ItemStream, Items, Limits, Node, NodeId, Peer,
+    Addr, CallError, Capability, HandlerError, ItemStream, Items, Limits, Node, NodeId, Peer, Task,
+    TaskHandle,
 };
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -84,6 +96,9 @@ verb! { /** Sends this many 64 KiB items, as fast as credit allows. */
 pub struct Bulk: stream "app.bench.streams" / "bulk", Bootstrap, u32 => String; }
 verb! { /** Answers never: the baseline of an idle stream, a pending call. */
 pub struct Wait: request "app.bench.streams" / "wait", Bootstrap, () => String; }
+
+verb! { /** Asks a question and waits for its answer: a held task. */
+pub struct Held: task "app.bench.tasks" / "held", Bootstrap, () => String; }
 
 const PAYLOAD: usize = 64;
 const WINDOW: usize = 128;
@@ -154,6 +169,19 @@ fn stream_capability() -> Capability {
         .stream(Drip, drip)
         .stream(Bulk, bulk)
         .handle(Wait, wait)
+}
+
+async fn held(_: (), task: Task) -> Result<String, HandlerError> {
+    let answer: String = task.ask("go on?", Duration::from_secs(3600)).await?;
+    Ok(answer)
+}
+
+/// The held task (served beside the stream verbs, whose `wait` is the
+/// baseline).
+fn task_capability() -> Capability {
+    Capability::new("app.bench.tasks", "1.0.0")
+        .unwrap()
+        .task(Held, held)
 }
 
 fn echo_capability() -> Capability {
@@ -249,14 +277,24 @@ where
 /// `--serve K [PER_SOURCE]`: starts K listening nodes with default limits
 /// (or with `max_handshakes_per_source` set to PER_SOURCE), prints
 /// `ready HEAP_EMPTY HEAP_NODES ID ADDR...`, then answers `measure` with
-/// `mem HEAP BLOCKS RSS_KIB SESSIONS REFUSED` until `quit`.
-fn serve(k: usize, per_source: Option<usize>, streams: bool) {
+/// `mem HEAP BLOCKS RSS_KIB SESSIONS REFUSED ...` until `quit`.
+///
+/// `tasks`: the node also serves the held task, with a task retention of
+/// [`TASK_RETENTION`], its state in memory (`memory`) or in a state
+/// directory (`redb`).
+fn serve(k: usize, per_source: Option<usize>, streams: bool, tasks: Option<&str>) {
     let rt = two_workers();
-    let limits = Limits {
+    let mut limits = Limits {
         max_handshakes_per_source: per_source
             .unwrap_or(Limits::default().max_handshakes_per_source),
         ..Limits::default()
     };
+    if tasks.is_some() {
+        limits.task_retention = TASK_RETENTION;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let state = (tasks == Some("redb")).then(|| tmp.path().join("state"));
+    let with_tasks = tasks.is_some();
     let empty = Mem::now();
     let nodes: Vec<Node> = run_on(rt.handle(), async move {
         let mut nodes = Vec::with_capacity(k);
@@ -267,6 +305,12 @@ fn serve(k: usize, per_source: Option<usize>, streams: bool) {
                 .limits(limits.clone());
             if streams {
                 builder = builder.capability(stream_capability());
+            }
+            if with_tasks {
+                builder = builder.capability(task_capability());
+            }
+            if let Some(dir) = &state {
+                builder = builder.state_dir(dir);
             }
             nodes.push(builder.start().await.unwrap());
         }
@@ -291,14 +335,23 @@ fn serve(k: usize, per_source: Option<usize>, streams: bool) {
                 let sessions: usize = nodes.iter().map(|n| n.connected_peers().len()).sum();
                 let refused: u64 = nodes.iter().map(Node::refused_connections).sum();
                 let st = nodes[0].stats();
+                let held = st
+                    .tasks
+                    .iter()
+                    .find(|(s, _)| *s == TaskState::InputRequired)
+                    .map_or(0, |(_, n)| *n);
+                let kept: usize = st.tasks.iter().map(|(_, n)| n).sum();
+                let ledger = nodes[0].ledger_sizes();
                 println!(
-                    "mem {} {sessions} {refused} {} {} {} {} {}",
+                    "mem {} {sessions} {refused} {} {} {} {} {} {held} {kept} {} {}",
                     Mem::now().line(),
                     st.streams_served,
                     st.queued_bytes,
                     st.stream_items_sent,
                     st.stream_credit_stalls,
                     st.inflight,
+                    ledger.remembered + ledger.forgotten,
+                    ledger.bytes,
                 );
             }
             _ => break,
@@ -314,6 +367,7 @@ fn serve(k: usize, per_source: Option<usize>, streams: bool) {
             .collect();
         while stops.next().await.is_some() {}
     });
+    drop(tmp);
     // The dialling side may be gone already.
     let _ = writeln!(std::io::stdout(), "bye");
 }
@@ -342,6 +396,13 @@ struct ServerMem {
     items_sent: u64,
     stalls: u64,
     inflight: usize,
+    /// Tasks waiting for an answer, and tasks kept in all.
+    tasks_held: usize,
+    tasks_kept: usize,
+    /// The first node's replay ledger: finished requests remembered, and
+    /// the bytes it charges for all it holds.
+    ledger_entries: usize,
+    ledger_bytes: usize,
 }
 
 impl Server {
@@ -352,6 +413,12 @@ impl Server {
     /// One node that also serves the stream verbs.
     fn start_streams() -> Self {
         Self::spawn(vec!["--serve-streams".to_string()])
+    }
+
+    /// One node that also serves the stream verbs and the held task, its
+    /// state in `store` (`memory` or `redb`).
+    fn start_tasks(store: &str) -> Self {
+        Self::spawn(vec!["--serve-tasks".to_string(), store.to_string()])
     }
 
     fn start_with(k: usize, per_source: Option<usize>) -> Self {
@@ -400,6 +467,10 @@ impl Server {
             items_sent: words[8].parse().unwrap(),
             stalls: words[9].parse().unwrap(),
             inflight: words[10].parse().unwrap(),
+            tasks_held: words[11].parse().unwrap(),
+            tasks_kept: words[12].parse().unwrap(),
+            ledger_entries: words[13].parse().unwrap(),
+            ledger_bytes: words[14].parse().unwrap(),
         }
     }
 
@@ -1181,6 +1252,156 @@ fn streams(rt: &Runtime, quick: bool) {
 }
 
 // ---------------------------------------------------------------------------
+// tasks: heap per held task, per side
+
+/// How long the task worker keeps an ended task.
+const TASK_RETENTION: Duration = Duration::from_secs(8);
+
+fn held_tasks(rt: &Runtime, quick: bool) {
+    let d = Limits::default();
+    // Within the worker's bound on one submitter's tasks (and on a
+    // session's jobs, for the baseline).
+    let n = env_usize("CAPWIRE_BENCH_N")
+        .unwrap_or(if quick { 100 } else { 500 })
+        .min(d.max_tasks_per_sender - 10)
+        .min(d.max_inflight_per_session);
+    println!(
+        "tasks: heap per held task, N = {n} from one session, submitter and worker in \
+         separate processes, after {:.1} s quiet; the worker keeps an ended task {} s",
+        quiet(quick).as_secs_f64(),
+        TASK_RETENTION.as_secs()
+    );
+    println!(
+        "  {:<44} {:>22} {:>22}",
+        "", "submitter side", "worker side"
+    );
+    let row = |name: &str, f: [f64; 4]| {
+        println!(
+            "  {name:<44} {:>22} {:>22}",
+            format!("{} ({:.1} blocks)", kib(f[0]), f[2]),
+            format!("{} ({:.1} blocks)", kib(f[1]), f[3]),
+        );
+    };
+    for store in ["memory", "redb"] {
+        println!("  store: {store}");
+        let mut server = Server::start_tasks(store);
+        let (client, peer) = stream_client(rt, &server);
+        // Warm up: one task asked and answered, one request given up on,
+        // so that what is built once per session and store is.
+        let p = peer.clone();
+        run_on(rt.handle(), async move {
+            let t = p.submit(Held, ()).await.unwrap();
+            while t.get().await.unwrap().state != TaskState::InputRequired {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            t.respond("go").await.unwrap();
+            assert_eq!(t.result().await.unwrap(), "go");
+            let _ = p.request_within(Wait, (), Duration::from_millis(50)).await;
+        });
+        server_until(&mut server, |m| m.tasks_held == 0 && m.inflight == 0);
+        sleep(rt, quiet(quick));
+        let (c0, s0) = (Mem::now(), server.measure());
+
+        // Baseline: n requests waiting for their answers.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let p = peer.clone();
+        let calls = rt.spawn(async move {
+            let mut pending: FuturesUnordered<_> = (0..n)
+                .map(|_| p.request_within(Wait, (), Duration::from_secs(600)))
+                .collect();
+            tokio::select! {
+                _ = stopped => {}
+                _ = pending.next() => panic!("a call that never answers ended"),
+            }
+        });
+        let s1 = server_until(&mut server, |m| m.inflight >= s0.inflight + n);
+        assert!(
+            s1.inflight >= s0.inflight + n,
+            "requests in flight at the worker"
+        );
+        sleep(rt, quiet(quick));
+        let (c1, s1) = (Mem::now(), server.measure());
+        row("pending request (baseline)", per_call(n, c0, &s0, c1, &s1));
+        let _ = stop.send(());
+        rt.block_on(calls).unwrap();
+        server_until(&mut server, |m| m.inflight <= s0.inflight);
+
+        // Twice: what the first round leaves behind once its tasks are
+        // deleted is either kept capacity (reused by the second round) or
+        // lost (grows again).
+        let mut ends = Vec::new();
+        for round in 1..=2 {
+            let tag = if round == 1 { "" } else { "again: " };
+            // Held tasks: each asked its question and waits for the answer.
+            let p = peer.clone();
+            let handles: Vec<TaskHandle<String>> = run_on(rt.handle(), async move {
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(p.submit(Held, ()).await.unwrap());
+                }
+                v
+            });
+            let s2 = server_until(&mut server, |m| m.tasks_held >= n);
+            assert_eq!(s2.tasks_held, n, "tasks waiting for an answer");
+            sleep(rt, quiet(quick));
+            let (c2, s2) = (Mem::now(), server.measure());
+            row(
+                &format!("{tag}held task, waiting for its answer"),
+                per_call(n, c0, &s0, c2, &s2),
+            );
+
+            // Cancelled: ended, kept for the retention.
+            let handles = run_on(rt.handle(), async move {
+                for h in &handles {
+                    let info = h.cancel().await.unwrap();
+                    assert_eq!(info.state, TaskState::Canceled);
+                }
+                handles
+            });
+            server_until(&mut server, |m| m.tasks_held == 0);
+            sleep(rt, quiet(quick));
+            let (c3, s3) = (Mem::now(), server.measure());
+            assert!(s3.tasks_kept >= n, "cancelled tasks are kept");
+            row(
+                &format!("{tag}cancelled, kept for retention"),
+                per_call(n, c0, &s0, c3, &s3),
+            );
+
+            // The retention passed: every task deleted.
+            rt.block_on(async move { drop(handles) });
+            let s4 = server_until(&mut server, |m| m.tasks_kept == 0);
+            assert_eq!(s4.tasks_kept, 0, "tasks left after their retention");
+            let (c4, s4) = (Mem::now(), server.measure());
+            row(
+                &format!("{tag}retention passed"),
+                per_call(n, c0, &s0, c4, &s4),
+            );
+            ends.push((c4, s4));
+        }
+        let mut ends = ends.into_iter();
+        let ((c4, s4), (c5, s5)) = (ends.next().unwrap(), ends.next().unwrap());
+        row(
+            "  the second round's growth over the first",
+            per_call(n, c4, &s4, c5, &s5),
+        );
+        // Each task is two requests (its submit, its cancel), which the
+        // worker's replay ledger remembers for its window.
+        println!(
+            "  {:<44} {:>22} {:>22}",
+            "  of it, the replay ledger (entries, charge)",
+            "",
+            format!(
+                "{:.1} / task, {}",
+                (s5.ledger_entries as f64 - s4.ledger_entries as f64) / n as f64,
+                kib((s5.ledger_bytes as f64 - s4.ledger_bytes as f64) / n as f64)
+            ),
+        );
+        run_on(rt.handle(), async move { client.shutdown().await });
+        server.stop();
+    }
+}
+
+// ---------------------------------------------------------------------------
 // slow: a consumer taking 10 items/s from a producer as fast as credit allows
 
 fn slow_consumer(rt: &Runtime, quick: bool, slow: bool) {
@@ -1299,11 +1520,16 @@ fn main() {
             args[i + 1].parse().unwrap(),
             args.get(i + 2).map(|p| p.parse().unwrap()),
             false,
+            None,
         );
         return;
     }
     if args.iter().any(|a| a == "--serve-streams") {
-        serve(1, None, true);
+        serve(1, None, true, None);
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--serve-tasks") {
+        serve(1, None, true, Some(args[i + 1].as_str()));
         return;
     }
     let quick = args.iter().any(|a| a == "--quick" || a == "--test")
@@ -1325,6 +1551,9 @@ fn main() {
     }
     if wanted("streams") {
         streams(&rt, quick);
+    }
+    if wanted("tasks") {
+        held_tasks(&rt, quick);
     }
     if wanted("slow") {
         let slow = args.iter().any(|a| a == "--slow");

@@ -1,16 +1,34 @@
 //! A store in memory, for nodes without a state directory: the same
 //! rules, nothing survives the process.
 
+use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeBounds;
 use std::sync::{Mutex, PoisonError};
 
-use super::{Batch, Loaded, Store, StoreError, TaskEventRecord};
+use super::{Batch, Loaded, Store, StoreError, TaskEventRecord, TaskRecord};
 
-/// Keeps what a durable store would, in memory.
+/// Task events by (task id, seq).
+type Events = BTreeMap<(Vec<u8>, u64), TaskEventRecord>;
+
+/// Keeps what a durable store would, in memory. Tasks, their events and
+/// their args are kept by key (a node keeps thousands, each changed by
+/// every event), everything else as [`Loaded`] has it.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryStore {
+    /// Everything but the tasks.
     state: Mutex<Loaded>,
-    events: Mutex<std::collections::BTreeMap<(Vec<u8>, u64), TaskEventRecord>>,
-    args: Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
+    tasks: Mutex<HashMap<Vec<u8>, TaskRecord>>,
+    events: Mutex<Events>,
+    args: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
+}
+
+/// Deletes the events whose keys are in `range`: one task's, in seq
+/// order, without looking at any other task's.
+fn remove_events(events: &mut Events, range: impl RangeBounds<(Vec<u8>, u64)>) {
+    let keys: Vec<(Vec<u8>, u64)> = events.range(range).map(|(k, _)| k.clone()).collect();
+    for k in keys {
+        events.remove(&k);
+    }
 }
 
 impl MemoryStore {
@@ -19,7 +37,8 @@ impl MemoryStore {
     }
 }
 
-/// Applies `batch` to `state`, as a durable store does.
+/// Applies `batch` to `state`, as a durable store does, but for its
+/// tasks (kept apart: see [`MemoryStore`]).
 pub(crate) fn apply(state: &mut Loaded, batch: &Batch) {
     if let Some(b) = &batch.binding {
         state.binding = Some(b.clone());
@@ -51,22 +70,19 @@ pub(crate) fn apply(state: &mut Loaded, batch: &Batch) {
         state.answers.retain(|x| x.key != a.key);
         state.answers.push(a.clone());
     }
-    for id in &batch.del_tasks {
-        state.tasks.retain(|t| &t.id != id);
-    }
-    for t in &batch.put_tasks {
-        state.tasks.retain(|x| x.id != t.id);
-        state.tasks.push(t.clone());
-    }
 }
 
 impl Store for MemoryStore {
     fn load(&self) -> Result<Loaded, StoreError> {
-        Ok(self
+        let mut loaded = self
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone())
+            .clone();
+        let tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        loaded.tasks = tasks.values().cloned().collect();
+        loaded.tasks.sort_by_key(|t| t.order);
+        Ok(loaded)
     }
 
     fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
@@ -74,24 +90,25 @@ impl Store for MemoryStore {
             &mut self.state.lock().unwrap_or_else(PoisonError::into_inner),
             batch,
         );
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in &batch.del_tasks {
+            tasks.remove(id);
+        }
+        for t in &batch.put_tasks {
+            tasks.insert(t.id.clone(), t.clone());
+        }
+        drop(tasks);
         let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
         for id in &batch.del_tasks {
-            events.retain(|(t, _), _| t != id);
+            remove_events(&mut events, (id.clone(), 0)..=(id.clone(), u64::MAX));
         }
         for (id, e) in &batch.put_task_events {
             events.insert((id.clone(), e.seq), e.clone());
         }
         // After the puts: a fold may reach events put in this batch.
         for (id, from, to) in &batch.fold_task_events {
-            if from >= to {
-                continue;
-            }
-            let gone: Vec<_> = events
-                .range((id.clone(), *from)..(id.clone(), *to))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in gone {
-                events.remove(&k);
+            if from < to {
+                remove_events(&mut events, (id.clone(), *from)..(id.clone(), *to));
             }
         }
         let mut args = self.args.lock().unwrap_or_else(PoisonError::into_inner);

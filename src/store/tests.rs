@@ -13,7 +13,7 @@ use super::memory::MemoryStore;
 use super::redb::{Opened, RedbStore};
 use super::{
     AnswerKey, AnswerRecord, Batch, BindingRecord, ConfigRecord, ContactRecord, Loaded,
-    MemberRecord, RosterMeta, Store, StoreError,
+    MemberRecord, RosterMeta, Store, StoreError, TaskEventRecord, TaskRecord,
 };
 
 // The layout on disk, spelled out independently of the implementation.
@@ -315,6 +315,113 @@ fn a_sequence_of_batches_leaves_what_the_memory_store_leaves() {
             in_key_order(memory.load().expect("memory load"))
         );
     }
+}
+
+fn task(n: u8, state: capwire_manifest::TaskState, seq: u64, first_seq: u64) -> TaskRecord {
+    TaskRecord {
+        id: vec![n; 16],
+        cap: "app.work".into(),
+        verb: "count".into(),
+        submitter: id(n),
+        req_id: format!("r{n}"),
+        state,
+        created_ms: 1_000,
+        updated_ms: 1_000 + seq,
+        seq,
+        first_seq,
+        order: u64::from(n),
+        question_seq: None,
+        progress_seq: (seq > 1).then_some(seq),
+        error: None,
+    }
+}
+
+fn task_event(seq: u64) -> TaskEventRecord {
+    TaskEventRecord {
+        seq,
+        at_ms: 1_000 + seq,
+        state: capwire_manifest::TaskState::Working,
+        kind: capwire_manifest::TaskEventKind::Progress,
+        body: vec![0x18, u8::try_from(seq).expect("small seq")],
+    }
+}
+
+/// Batches of task records, args and events: puts of new and changed
+/// records, a fold and a delete, each touching one task among others.
+fn task_batches() -> Vec<Batch> {
+    use capwire_manifest::TaskState::{Completed, Working};
+    let events = |n: u8, seqs: std::ops::RangeInclusive<u64>| -> Vec<(Vec<u8>, TaskEventRecord)> {
+        seqs.map(|s| (vec![n; 16], task_event(s))).collect()
+    };
+    vec![
+        Batch {
+            put_tasks: (1..=4).map(|n| task(n, Working, 3, 1)).collect(),
+            put_task_args: (1..=4).map(|n| (vec![n; 16], vec![n])).collect(),
+            put_task_events: (1..=4).flat_map(|n| events(n, 1..=3)).collect(),
+            ..Batch::default()
+        },
+        Batch {
+            put_tasks: vec![task(2, Working, 6, 4)],
+            put_task_events: events(2, 4..=6),
+            fold_task_events: vec![(vec![2; 16], 1, 4)],
+            ..Batch::default()
+        },
+        Batch {
+            put_tasks: vec![task(1, Completed, 4, 1)],
+            put_task_events: events(1, 4..=4),
+            del_tasks: vec![vec![3; 16]],
+            ..Batch::default()
+        },
+    ]
+}
+
+#[test]
+fn the_memory_store_keeps_tasks_as_redb_does() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (store, _) = open_store(&tmp.path().join(STORE_FILE));
+    let memory = MemoryStore::new();
+    for batch in &task_batches() {
+        store.commit(batch).expect("redb commit");
+        memory.commit(batch).expect("memory commit");
+        let by_id = |mut l: Loaded| {
+            l.tasks.sort_by(|a, b| a.id.cmp(&b.id));
+            l
+        };
+        assert_eq!(
+            by_id(store.load().expect("redb load")),
+            by_id(memory.load().expect("memory load"))
+        );
+        for n in 1..=4u8 {
+            let id = [n; 16];
+            assert_eq!(
+                store.task_events(&id, 1, usize::MAX).expect("redb events"),
+                memory
+                    .task_events(&id, 1, usize::MAX)
+                    .expect("memory events"),
+                "events of task {n}"
+            );
+            assert_eq!(
+                store.task_args(&id).expect("redb args"),
+                memory.task_args(&id).expect("memory args"),
+                "args of task {n}"
+            );
+        }
+    }
+    let loaded = memory.load().expect("memory load");
+    let ids: Vec<u8> = loaded.tasks.iter().map(|t| t.id[0]).collect();
+    assert_eq!(ids, vec![1, 2, 4], "task 3 deleted, the rest in order");
+    let seqs = |n: u8| -> Vec<u64> {
+        let events = memory.task_events(&[n; 16], 1, usize::MAX).expect("events");
+        events.iter().map(|e| e.seq).collect()
+    };
+    assert_eq!(seqs(1), vec![1, 2, 3, 4]);
+    assert_eq!(seqs(2), vec![4, 5, 6], "folded below 4");
+    assert!(seqs(3).is_empty(), "deleted with its task");
+    assert_eq!(
+        seqs(4),
+        vec![1, 2, 3],
+        "untouched by the others' fold and delete"
+    );
 }
 
 #[test]
