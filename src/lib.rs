@@ -170,6 +170,7 @@ mod core;
 mod dispatch;
 mod error;
 pub mod files;
+pub mod grants;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -23,8 +23,8 @@ use std::path::PathBuf;
 use capwire_envelope::NodeId;
 
 pub(crate) use records::{
-    AnswerKey, AnswerRecord, BindingRecord, ConfigRecord, ContactRecord, MemberRecord, RosterMeta,
-    TaskEventRecord, TaskRecord,
+    AnswerKey, AnswerRecord, BindingRecord, ConfigRecord, ContactRecord, MemberRecord,
+    RevocationEntry, RevocationsRecord, RosterMeta, TaskEventRecord, TaskRecord,
 };
 
 /// Everything a store holds, read once when the node starts.
@@ -38,6 +38,8 @@ pub(crate) struct Loaded {
     pub(crate) answers: Vec<AnswerRecord>,
     /// Tasks, without their events (read on demand: [`Store::task_events`]).
     pub(crate) tasks: Vec<TaskRecord>,
+    /// The revocations of grants.
+    pub(crate) revocations: Option<RevocationsRecord>,
 }
 
 /// One atomic change to the store. Puts replace the record with the same
@@ -62,6 +64,8 @@ pub(crate) struct Batch {
     pub(crate) put_task_events: Vec<(Vec<u8>, TaskEventRecord)>,
     /// Events of a task deleted below a seq (folded away): (id, below).
     pub(crate) fold_task_events: Vec<(Vec<u8>, u64)>,
+    /// The revocations, replaced whole.
+    pub(crate) revocations: Option<RevocationsRecord>,
 }
 
 impl Batch {
