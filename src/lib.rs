@@ -170,10 +170,10 @@ mod core;
 mod dispatch;
 mod error;
 pub mod files;
-pub mod grants;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grants;
 pub mod host;
 pub mod identity;
 mod invite;

@@ -286,6 +286,10 @@ impl Delegations {
             }
             return Some(best.map(|grant| Delegated { grant }));
         }
+        // A refusal for cost may be the machine's load: asked again.
+        if best == Err(GrantDenied::TooCostly) {
+            return Some(Err(GrantDenied::TooCostly));
+        }
         if let Some(holder) = inner.holders.get_mut(sender) {
             if holder.answers.len() >= MAX_ANSWERS_PER_HOLDER {
                 holder.answers.clear();

@@ -100,8 +100,8 @@ pub use configuration::{
 pub use connect::{CORE_CONNECT, ConnectIntroduce, IntroduceArgs, IntroduceReply};
 pub use error::ManifestError;
 pub use grants::{
-    CORE_GRANTS, GrantsInfo, GrantsInfoRead, GrantsPresent, GrantsRevoke, PresentArgs, PresentReply,
-    RevokeArgs,
+    CORE_GRANTS, GrantsInfo, GrantsInfoRead, GrantsPresent, GrantsRevoke, PresentArgs,
+    PresentReply, RevokeArgs,
 };
 pub use limits::{
     MAX_APP_ID_LEN, MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN,

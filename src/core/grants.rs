@@ -14,8 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use capwire_authz::{
-    Delegations, GRANT_MAX_LIFETIME, GrantDenied, GrantKey, GrantPublicKey, MAX_REVOCATIONS,
-    verify,
+    Delegations, GRANT_MAX_LIFETIME, GrantDenied, GrantKey, GrantPublicKey, MAX_REVOCATIONS, verify,
 };
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
 use capwire_manifest::{
@@ -203,7 +202,9 @@ async fn present(
     if core.control.binding().epoch() != binding.epoch() {
         return Err(refused(&GrantDenied::BindingChanged));
     }
-    delegations.present(from, verified, now).map_err(|d| refused(&d))?;
+    delegations
+        .present(from, verified, now)
+        .map_err(|d| refused(&d))?;
     Ok(reply)
 }
 

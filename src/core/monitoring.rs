@@ -124,8 +124,10 @@ async fn bind(
     core.tap.set_controller(Some(from));
     // The control plane's grant key, from the manifest it advertises on
     // this authenticated session, is kept with the binding.
-    core.grants
-        .bound(core.control.binding().epoch(), core.advertised_grant_key(&from));
+    core.grants.bound(
+        core.control.binding().epoch(),
+        core.advertised_grant_key(&from),
+    );
     let c = core.clone();
     core.detached(async move {
         let mut d = c.durable.lock().await;

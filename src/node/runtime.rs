@@ -28,10 +28,12 @@ use crate::addr::Addr;
 use crate::config::Limits;
 use crate::control::{Control, hello_for};
 use crate::core::answers::AnswerLimits;
+use crate::core::grants::GrantState;
 use crate::core::monitoring;
 use crate::core::state::{Core, CoreLimits, CoreState, Dialer};
-use crate::core::grants::GrantState;
-use crate::core::{cluster, configuration, connect, grants as core_grants, protocol, tasks as core_tasks};
+use crate::core::{
+    cluster, configuration, connect, grants as core_grants, protocol, tasks as core_tasks,
+};
 use crate::dispatch::Dispatcher;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::RouteHandler;
