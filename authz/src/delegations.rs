@@ -8,7 +8,8 @@
 //! answers per holder, and the revocations the node was told of
 //! ([`MAX_REVOCATIONS`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -77,6 +78,27 @@ struct Inner {
 #[derive(Default)]
 pub struct Delegations {
     inner: Mutex<Inner>,
+    counts: Counts,
+}
+
+/// What the node's grants did, counted.
+#[derive(Default)]
+struct Counts {
+    presented: AtomicU64,
+    calls: AtomicU64,
+    /// Refusals (of presentations and of calls), by reason.
+    refused: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// A reading of the grant counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrantCounts {
+    /// Tokens presented and kept.
+    pub presented: u64,
+    /// Controller calls a token let through.
+    pub calls: u64,
+    /// Presentations and calls refused, by reason label (`expired`, ...).
+    pub refused: Vec<(&'static str, u64)>,
 }
 
 impl std::fmt::Debug for Delegations {
@@ -103,6 +125,49 @@ impl Delegations {
                 revoked: revoked.into_iter().collect(),
                 generation: 0,
             }),
+            counts: Counts::default(),
+        }
+    }
+
+    /// Counts a presentation: kept, or refused for `why`.
+    pub fn count_present(&self, result: Result<(), &GrantDenied>) {
+        match result {
+            Ok(()) => {
+                self.counts.presented.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(why) => self.count_refused(why),
+        }
+    }
+
+    /// Counts a controller call a token let through.
+    pub fn count_call(&self) {
+        self.counts.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a refusal for `why`.
+    pub fn count_refused(&self, why: &GrantDenied) {
+        *self
+            .counts
+            .refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(why.as_str())
+            .or_default() += 1;
+    }
+
+    /// The counters now.
+    pub fn counts(&self) -> GrantCounts {
+        GrantCounts {
+            presented: self.counts.presented.load(Ordering::Relaxed),
+            calls: self.counts.calls.load(Ordering::Relaxed),
+            refused: self
+                .counts
+                .refused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .map(|(k, v)| (*k, *v))
+                .collect(),
         }
     }
 

@@ -82,7 +82,7 @@ pub use binding::Binding;
 pub use capwire_manifest::{AuthClass, DeclaredClass};
 pub use decide::{Decision, OwnedPermit, Permit, control_auth_class, decide, decide_with};
 pub use delegations::{
-    Delegated, Delegations, MAX_ANSWERS_PER_HOLDER, MAX_HOLDERS, MAX_REVOCATIONS,
+    Delegated, Delegations, GrantCounts, MAX_ANSWERS_PER_HOLDER, MAX_HOLDERS, MAX_REVOCATIONS,
     MAX_TOKENS_PER_HOLDER, TooManyRevocations,
 };
 pub use deny::{DenyReason, Unauthorized, Unlisted};

@@ -179,6 +179,9 @@ async fn present(
     let binding = core.control.binding();
     let grants = &core.grants;
     let Some(root) = grants.controller_key(binding.epoch()) else {
+        grants
+            .delegations
+            .count_present(Err(&GrantDenied::NoGrantKey));
         return Err(refused(&GrantDenied::NoGrantKey));
     };
     let now = SystemTime::now();
@@ -192,7 +195,10 @@ async fn present(
         now,
         |id| delegations.is_revoked(id),
     )
-    .map_err(|d| refused(&d))?;
+    .map_err(|d| {
+        delegations.count_present(Err(&d));
+        refused(&d)
+    })?;
     let reply = PresentReply {
         grant: verified.id(),
         revocation_ids: verified.revocation_ids().iter().map(|i| hex(i)).collect(),

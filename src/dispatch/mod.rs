@@ -247,6 +247,13 @@ impl Admission for Dispatcher {
             Decision::Allowed(p) => p.grant().cloned(),
             Decision::Denied(_) => None,
         };
+        match &decision {
+            Decision::Allowed(_) if grant.is_some() => self.delegations.count_call(),
+            Decision::Denied(DenyReason::Unauthorized {
+                why: Unauthorized::Grant(g),
+            }) => self.delegations.count_refused(g),
+            _ => {}
+        }
         self.tap.record(Way::In, sender, record, grant);
         let permit = match decision.into_result() {
             Ok(p) => p.into_owned(),
