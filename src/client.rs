@@ -575,6 +575,35 @@ impl Peer {
         .await
     }
 
+    /// As [`Peer::call_raw`], with a `req_id` of the caller's choosing (see
+    /// [`Peer::request_with_id`]): a request or a task submit sent again
+    /// with the same id is answered what the first one was (a task verb:
+    /// the same task), never run twice.
+    ///
+    /// # Errors
+    /// As [`Peer::request_with_id`].
+    ///
+    /// # Cancel safety
+    /// As [`Peer::request`].
+    pub async fn call_raw_with_id(
+        &self,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+        req_id: &ReqId,
+        deadline: Duration,
+    ) -> Result<RawValue, CallError> {
+        if req_id.is_fire_and_forget() {
+            return Err(CallError::Encode(
+                "a request needs a non-empty req_id".into(),
+            ));
+        }
+        self.call_as(Some(req_id.clone()), deadline, |req_id, budget| {
+            codec::control(cap, verb, req_id, Some(budget), args)
+        })
+        .await
+    }
+
     /// A request whose frame `encode` builds from its req_id and budget.
     async fn call_with(
         &self,

@@ -1523,3 +1523,828 @@ fn streams_handed_to_the_owner_flow_as_they_arrive_and_cancel_there() {
     watch.signal("INT");
     assert!(watch.wait_exit(Duration::from_secs(5)).success());
 }
+
+// ---------------------------------------------------------------------
+// Tasks: `ctl call --wait` and `ctl tasks ...` against `app.agent/work`.
+
+/// The `event` records among `records`, checked for their shape and
+/// numbered without gaps from their first one.
+fn task_events(records: &[Json], task: &str) -> Vec<Json> {
+    let events: Vec<Json> = records
+        .iter()
+        .filter(|r| r["kind"] == "event")
+        .cloned()
+        .collect();
+    for pair in events.windows(2) {
+        assert_eq!(
+            pair[1]["seq"].as_u64().unwrap(),
+            pair[0]["seq"].as_u64().unwrap() + 1,
+            "events follow each other: {records:#?}"
+        );
+    }
+    for e in &events {
+        assert_eq!(e["task"], task, "{e}");
+        assert_eq!(e["peer"], "alpha", "{e}");
+        assert_eq!(e["via"], "alpha", "{e}");
+        assert!(e["at_ms"].as_u64().unwrap() > 0, "{e}");
+    }
+    events
+}
+
+/// (state, event kind) of each event.
+fn shapes(events: &[Json]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e["state"].as_str().unwrap().to_owned(),
+                e["event"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn pair(state: &str, event: &str) -> (String, String) {
+    (state.to_owned(), event.to_owned())
+}
+
+/// The `submitted` record a task verb's call starts with; the task's id.
+fn submitted(records: &[Json]) -> String {
+    let first = &records[0];
+    assert_eq!(first["kind"], "submitted", "{records:#?}");
+    assert_eq!(first["peer"], "alpha");
+    assert_eq!(first["cap"], "app.agent");
+    assert_eq!(first["verb"], "work");
+    let task = first["task"].as_str().unwrap().to_owned();
+    assert_eq!(task.len(), 32, "{first}");
+    assert!(
+        task.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+        "{first}"
+    );
+    task
+}
+
+/// A task's info, as `tasks get --json` prints it.
+fn task_info(cp: &std::path::Path, task: &str) -> Json {
+    let record = ctl_ok(cp, &["--json", "tasks", "alpha", "get", task]).record();
+    assert_eq!(record["kind"], "task", "{record}");
+    assert_eq!(record["value"]["task"], task, "{record}");
+    record["value"].clone()
+}
+
+/// The one line on stderr of a run that printed records on stdout.
+fn stderr_line(out: &cli_support::Out) -> String {
+    cli_support::assert_no_panic(out);
+    let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line on stderr: {out:#?}");
+    assert!(lines[0].starts_with("capwire: "), "{lines:?}");
+    lines[0].to_owned()
+}
+
+#[test]
+fn call_wait_follows_a_task_to_its_end() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::start("alpha", &[]);
+    ctl_ok(&cp, &["bind", node.invite()]);
+
+    // The manifest says work is a task verb.
+    let manifest = ctl_ok(&cp, &["--json", "manifest", "alpha"]).record();
+    assert_eq!(kind_of(capability(&manifest, "app.agent"), "work"), "task");
+
+    // Without --wait: the id at once, and the task runs on at the node.
+    let args = r#"{"text": "build", "steps": 3, "step_ms": 10}"#;
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            args,
+        ],
+    );
+    let records = out.records();
+    assert_eq!(records.len(), 1, "{out:#?}");
+    let first = submitted(&records);
+    assert_eq!(records[0]["state"], "submitted");
+    let done = poll(Duration::from_secs(10), "the task to complete", || {
+        let info = task_info(&cp, &first);
+        (info["state"] == "completed").then_some(info)
+    });
+    assert_eq!(done["result"], "alpha: build: done in 3 steps");
+    assert_eq!(done["progress"], json!({"step": 3, "of": 3}));
+
+    // --wait: every event, in order, until the result; exit code 0.
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            args,
+            "--wait",
+        ],
+    );
+    let records = out.records();
+    let task = submitted(&records);
+    assert_ne!(task, first, "a new call is a new task");
+    let events = task_events(&records[1..], &task);
+    assert_eq!(events.len(), records.len() - 1, "only events follow");
+    assert_eq!(events[0]["seq"], 1);
+    assert_eq!(
+        shapes(&events),
+        [
+            pair("submitted", "state"),
+            pair("working", "state"),
+            pair("working", "progress"),
+            pair("working", "progress"),
+            pair("working", "progress"),
+            pair("completed", "result"),
+        ]
+    );
+    for (i, e) in events[2..5].iter().enumerate() {
+        assert_eq!(e["body"], json!({"step": i + 1, "of": 3}));
+    }
+    assert_eq!(events[5]["body"], "alpha: build: done in 3 steps");
+
+    // The same as text: the id first, an event a line, the result last.
+    let out = ctl_ok(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            args,
+            "--wait",
+        ],
+    );
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 7, "{out:#?}");
+    assert!(lines[0].starts_with("task "), "{lines:?}");
+    assert!(
+        lines[0].ends_with(" on alpha (app.agent/work): submitted"),
+        "{lines:?}"
+    );
+    let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    assert_eq!(words(lines[1])[0], "#1");
+    assert_eq!(words(lines[1])[2..], ["submitted", "state"]);
+    assert_eq!(
+        words(lines[3])[2..],
+        ["working", "progress", r#"{"of":3,"step":1}"#]
+    );
+    assert_eq!(
+        words(lines[6])[2..],
+        [
+            "completed",
+            "result",
+            "alpha:",
+            "build:",
+            "done",
+            "in",
+            "3",
+            "steps"
+        ]
+    );
+
+    // A task that fails: its error, exit code 4.
+    let out = ctl(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            r#"{"text": "x", "steps": 0}"#,
+            "--wait",
+        ],
+    );
+    assert_eq!(out.code, 4, "{out:#?}");
+    let records = out.records();
+    let failed = submitted(&records);
+    let events = task_events(&records[1..], &failed);
+    let last = events.last().unwrap();
+    assert_eq!(
+        shapes(std::slice::from_ref(last)),
+        [pair("failed", "error")]
+    );
+    assert_eq!(last["body"]["code"], "bad_args", "{last}");
+    let line = stderr_line(&out);
+    assert!(
+        line.contains(&format!("task {failed} failed: bad_args: steps: 1 to 1000")),
+        "{line}"
+    );
+
+    // A question answered with --answer: the answer is an event, the task
+    // goes on to its result.
+    let ask = r#"{"text": "ship", "steps": 2, "step_ms": 10, "ask": true}"#;
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            ask,
+            "--wait",
+            "--answer",
+            "true",
+        ],
+    );
+    let records = out.records();
+    let answered = submitted(&records);
+    let events = task_events(&records[1..], &answered);
+    assert_eq!(
+        shapes(&events),
+        [
+            pair("submitted", "state"),
+            pair("working", "state"),
+            pair("input_required", "question"),
+            pair("working", "answer"),
+            pair("working", "progress"),
+            pair("working", "progress"),
+            pair("completed", "result"),
+        ]
+    );
+    assert_eq!(events[2]["body"], "alpha: go on with \"ship\" (2 steps)?");
+    assert_eq!(events[3]["body"], true);
+    assert_eq!(events[6]["body"], "alpha: ship: done in 2 steps");
+
+    // Answered no: the handler declines, exit code 4.
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            ask,
+            "--wait",
+            "--answer",
+            "false",
+        ],
+    );
+    assert_eq!(out.code, 4, "{out:#?}");
+    assert!(stderr_line(&out).contains("failed: declined: told not to go on"));
+    // The answer line came just before the error's.
+    let last_two: Vec<&str> = out.stdout.lines().rev().take(2).collect();
+    assert!(
+        last_two[0].contains("failed") && last_two[0].contains("error"),
+        "{out:#?}"
+    );
+    assert!(
+        last_two[1].contains("answer") && last_two[1].contains("false"),
+        "{out:#?}"
+    );
+
+    // A question without --answer: exit code 8 and how to answer; the
+    // task waits at the node.
+    let out = ctl(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            ask,
+            "--wait",
+        ],
+    );
+    assert_eq!(out.code, 8, "{out:#?}");
+    let records = out.records();
+    let waiting = submitted(&records);
+    let events = task_events(&records[1..], &waiting);
+    assert_eq!(
+        shapes(std::slice::from_ref(events.last().unwrap())),
+        [pair("input_required", "question")]
+    );
+    let line = stderr_line(&out);
+    for needle in [
+        format!("task {waiting} waits for an answer"),
+        format!("capwire ctl tasks alpha respond {waiting} JSON"),
+        format!("capwire ctl tasks alpha watch {waiting} --from 4"),
+    ] {
+        assert!(line.contains(&needle), "{needle:?} in {line}");
+    }
+    let info = task_info(&cp, &waiting);
+    assert_eq!(info["state"], "input_required");
+    assert_eq!(info["question_seq"], 3);
+    // Answered as the message says, then followed from there.
+    let answered = ctl_ok(
+        &cp,
+        &["--json", "tasks", "alpha", "respond", &waiting, "true"],
+    )
+    .record();
+    // Working again, or done already: its handler goes on at once.
+    let state = &answered["value"]["state"];
+    assert!(state == "working" || state == "completed", "{answered}");
+    let out = ctl_ok(
+        &cp,
+        &["--json", "tasks", "alpha", "watch", &waiting, "--from", "4"],
+    );
+    let events = task_events(&out.records(), &waiting);
+    assert_eq!(events[0]["seq"], 4);
+    assert_eq!(events[0]["event"], "answer");
+    assert_eq!(events.last().unwrap()["state"], "completed");
+
+    // --req-id: the same id is the same task, another id another one.
+    let submit = |id: &str| {
+        let out = ctl_ok(
+            &cp,
+            &[
+                "--json",
+                "call",
+                "alpha",
+                "app.agent",
+                "work",
+                "--args",
+                args,
+                "--req-id",
+                id,
+            ],
+        );
+        submitted(&out.records())
+    };
+    let once = submit("build-42");
+    assert_eq!(submit("build-42"), once);
+    assert_ne!(submit("build-43"), once);
+    // A request with the same id is answered what the first one was.
+    let echo = |text: &str| {
+        let args = serde_json::to_string(text).unwrap();
+        let out = ctl_ok(
+            &cp,
+            &[
+                "call",
+                "alpha",
+                "app.agent",
+                "echo",
+                "--args",
+                &args,
+                "--req-id",
+                "echo-1",
+            ],
+        );
+        out.stdout
+    };
+    assert_eq!(echo("first"), "alpha: first\n");
+    assert_eq!(echo("second"), "alpha: first\n");
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            args,
+            "--req-id",
+            "a b",
+        ],
+    );
+    assert_fails(&out, 2, "--req-id");
+
+    // A running watch sees the node's pushes of each change of state,
+    // and serves the call handed to it.
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"]).arg(&cp).arg("watch");
+    let mut watch = Spawned::start(cmd, "ctl watch");
+    watch.wait_record(Duration::from_secs(10), "the connected record", |r| {
+        r["kind"] == "connected"
+    });
+    let out = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--args",
+            args,
+            "--wait",
+        ],
+    );
+    let pushed = submitted(&out.records());
+    let last = watch.wait_record(Duration::from_secs(10), "the completed push", |r| {
+        r["kind"] == "task_changed" && r["task"] == pushed.as_str() && r["state"] == "completed"
+    });
+    assert_eq!(last["from"], "alpha", "{last}");
+    assert_eq!(last["submitter"], "this control plane", "{last}");
+    assert_eq!(last["cap"], "app.agent", "{last}");
+    assert_eq!(last["seq"], 6, "{last}");
+    let states: Vec<Json> = watch
+        .records()
+        .into_iter()
+        .filter(|r| r["kind"] == "task_changed" && r["task"] == pushed.as_str())
+        .map(|r| r["state"].clone())
+        .collect();
+    // Every event but progress is pushed.
+    assert_eq!(states, ["submitted", "working", "completed"], "{states:?}");
+    watch.signal("INT");
+    assert!(watch.wait_exit(Duration::from_secs(10)).success());
+
+    // --wait is for task verbs; --answer needs --wait; a task verb is no
+    // notification. Nothing is sent.
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "echo",
+            "--args",
+            "\"x\"",
+            "--wait",
+        ],
+    );
+    let line = assert_fails(
+        &out,
+        2,
+        "app.agent/echo of alpha is a request verb, not a task",
+    );
+    assert!(line.contains("--wait is for task verbs"), "{line}");
+    let out = ctl(
+        &cp,
+        &["call", "alpha", "app.agent", "work", "--answer", "true"],
+    );
+    assert_eq!(out.code, 2, "{out:#?}");
+    cli_support::assert_no_panic(&out);
+    assert!(
+        out.stderr.contains("required arguments were not provided"),
+        "{out:#?}"
+    );
+    assert!(out.stderr.contains("--wait"), "{out:#?}");
+    assert!(out.stdout.is_empty(), "{out:#?}");
+    let out = ctl(&cp, &["call", "alpha", "app.agent", "work", "--notify"]);
+    assert_fails(&out, 2, "is a task verb: call it without --notify");
+    let out = ctl(
+        &cp,
+        &[
+            "call",
+            "alpha",
+            "app.agent",
+            "work",
+            "--wait",
+            "--answer",
+            "{nope",
+        ],
+    );
+    assert_fails(&out, 2, "--answer is not JSON");
+}
+
+#[test]
+fn tasks_list_get_watch_cancel_respond_and_what_a_stranger_sees() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let node = NodeProc::start("alpha", &[]);
+    ctl_ok(&cp, &["bind", node.invite()]);
+    let submit = |args: &str| {
+        let out = ctl_ok(
+            &cp,
+            &[
+                "--json",
+                "call",
+                "alpha",
+                "app.agent",
+                "work",
+                "--args",
+                args,
+            ],
+        );
+        submitted(&out.records())
+    };
+
+    // Three tasks: one done, one waiting on its question, one long.
+    let done = submit(r#"{"text": "done", "steps": 1, "step_ms": 0}"#);
+    poll(
+        Duration::from_secs(10),
+        "the first task to complete",
+        || (task_info(&cp, &done)["state"] == "completed").then_some(()),
+    );
+    let asking = submit(r#"{"text": "asking", "steps": 1, "step_ms": 0, "ask": true}"#);
+    poll(Duration::from_secs(10), "the question", || {
+        (task_info(&cp, &asking)["state"] == "input_required").then_some(())
+    });
+    let long = submit(r#"{"text": "long", "steps": 1000, "step_ms": 100}"#);
+
+    // list: newest first, filtered, in pages.
+    let ids = |args: &[&str]| {
+        let mut all = vec!["--json", "tasks", "alpha", "list"];
+        all.extend_from_slice(args);
+        let record = ctl_ok(&cp, &all).record();
+        assert_eq!(record["kind"], "tasks", "{record}");
+        let ids: Vec<String> = record["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["task"].as_str().unwrap().to_owned())
+            .collect();
+        (ids, record["next"].clone())
+    };
+    assert_eq!(
+        ids(&[]),
+        (vec![long.clone(), asking.clone(), done.clone()], Json::Null)
+    );
+    assert_eq!(ids(&["--task-state", "completed"]).0, [done.as_str()]);
+    assert_eq!(
+        ids(&["--task-state", "input_required"]).0,
+        [asking.as_str()]
+    );
+    assert_eq!(ids(&["--verb", "app.agent/work"]).0.len(), 3);
+    assert_eq!(ids(&["--verb", "app.agent"]).0.len(), 3);
+    assert!(ids(&["--verb", "app.agent/echo"]).0.is_empty());
+    let (page, next) = ids(&["--limit", "2"]);
+    assert_eq!(page, [long.clone(), asking.clone()]);
+    assert_eq!(next, json!(asking));
+    assert_eq!(
+        ids(&["--limit", "2", "--before", &asking]),
+        (vec![done.clone()], Json::Null)
+    );
+    // As text: a header, then a line per task.
+    let text = ctl_ok(&cp, &["tasks", "alpha", "list"]).stdout;
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(lines[0].starts_with("TASK "), "{text}");
+    let row = |l: &str| {
+        l.split_whitespace()
+            .take(3)
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        row(lines[2]),
+        [asking.as_str(), "input_required", "app.agent/work"]
+    );
+    assert_eq!(
+        row(lines[3]),
+        [done.as_str(), "completed", "app.agent/work"]
+    );
+    let out = ctl(&cp, &["tasks", "alpha", "list", "--verb", "app.agent/"]);
+    assert_fails(&out, 2, "give CAP/VERB");
+    let out = ctl(&cp, &["tasks", "alpha", "list", "--task-state", "finished"]);
+    assert_eq!(out.code, 2, "{out:#?}");
+    assert!(out.stderr.contains("is not a task state"), "{out:#?}");
+
+    // get: the question and how to answer it.
+    let info = task_info(&cp, &asking);
+    assert_eq!(info["cap"], "app.agent");
+    assert_eq!(info["verb"], "work");
+    assert_eq!(info["question"], "alpha: go on with \"asking\" (1 steps)?");
+    assert_eq!(info["question_seq"], 3);
+    assert_eq!(info["seq"], 3);
+    assert_eq!(info["first_seq"], 1);
+    assert_eq!(info["result"], Json::Null);
+    let text = ctl_ok(&cp, &["tasks", "alpha", "get", &asking]).stdout;
+    assert!(
+        text.starts_with(&format!(
+            "task {asking} on alpha (app.agent/work): input_required\n"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("question (event #3)"), "{text}");
+    assert!(
+        text.contains(&format!("capwire ctl tasks alpha respond {asking} JSON")),
+        "{text}"
+    );
+
+    // watch, interrupted: it says where to pick up...
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"])
+        .arg(&cp)
+        .args(["tasks", "alpha", "watch", &long]);
+    let mut watch = cli_support::Held::start(cmd, "ctl tasks watch");
+    let mut seen: Vec<Json> = (0..4).map(|_| watch.record()).collect();
+    watch.signal("INT");
+    let (status, rest) = watch.finish(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{rest:#?}");
+    seen.extend(
+        rest.iter()
+            .map(|l| serde_json::from_str::<Json>(l).unwrap()),
+    );
+    let detached = seen.pop().unwrap();
+    let before = task_events(&seen, &long);
+    assert_eq!(before.len(), seen.len(), "{seen:#?}");
+    assert_eq!(before[0]["seq"], 1);
+    let from = before.last().unwrap()["seq"].as_u64().unwrap() + 1;
+    assert_eq!(
+        detached,
+        json!({"kind": "detached", "peer": "alpha", "via": "alpha", "task": long, "from": from})
+    );
+    // ... and the task went on meanwhile.
+    poll(Duration::from_secs(10), "more progress", || {
+        (task_info(&cp, &long)["seq"].as_u64().unwrap() > from + 2).then_some(())
+    });
+
+    // cancel: the task ends canceled; resumed from where the watch
+    // stopped, the events go on without one seen twice, to the end.
+    let canceled = ctl_ok(&cp, &["--json", "tasks", "alpha", "cancel", &long]).record();
+    assert_eq!(canceled["value"]["state"], "canceled", "{canceled}");
+    assert_eq!(
+        canceled["value"]["error"]["code"], "cancelled",
+        "{canceled}"
+    );
+    let out = ctl(
+        &cp,
+        &[
+            "--json",
+            "tasks",
+            "alpha",
+            "watch",
+            &long,
+            "--from",
+            &from.to_string(),
+        ],
+    );
+    assert_eq!(out.code, 7, "{out:#?}");
+    assert!(stderr_line(&out).contains(&format!("task {long} was canceled")));
+    let after = task_events(&out.records(), &long);
+    assert_eq!(after.len(), out.records().len());
+    assert_eq!(after[0]["seq"], from, "no event twice, none missed");
+    let last = after.last().unwrap();
+    assert_eq!(
+        shapes(std::slice::from_ref(last)),
+        [pair("canceled", "error")]
+    );
+    assert_eq!(last["seq"], canceled["value"]["seq"]);
+    // From past the end: nothing more to print, the end is said.
+    let past = (last["seq"].as_u64().unwrap() + 1).to_string();
+    let out = ctl(
+        &cp,
+        &["--json", "tasks", "alpha", "watch", &long, "--from", &past],
+    );
+    assert_eq!(out.code, 7, "{out:#?}");
+    assert_eq!(out.record()["kind"], "ended");
+    assert_eq!(out.record()["state"], "canceled");
+    // Cancelling a task that has ended leaves it as it is.
+    let again = ctl_ok(&cp, &["--json", "tasks", "alpha", "cancel", &done]).record();
+    assert_eq!(again["value"]["state"], "completed", "{again}");
+    let text = ctl_ok(&cp, &["tasks", "alpha", "cancel", &done]).stdout;
+    assert!(
+        text.contains("result alpha: done: done in 1 steps"),
+        "{text}"
+    );
+
+    // A watch of the task that waits says so and follows on; meanwhile it
+    // serves the other commands on this state directory, the answer too.
+    let mut cmd = capwire();
+    cmd.args(["ctl", "--json", "--state"])
+        .arg(&cp)
+        .args(["tasks", "alpha", "watch", &asking]);
+    let mut waiter = cli_support::Held::start(cmd, "ctl tasks watch (a question)");
+    let mut first: Vec<Json> = (0..4).map(|_| waiter.record()).collect();
+    assert_eq!(
+        first.pop().unwrap(),
+        json!({
+            "kind": "waiting", "peer": "alpha", "via": "alpha", "task": asking,
+            "question_seq": 3,
+            "question": "alpha: go on with \"asking\" (1 steps)?",
+        })
+    );
+    assert_eq!(task_events(&first, &asking).len(), 3);
+
+    // respond: the question's seq must match when given; a task that
+    // waits on nothing is a conflict; the answer goes on to the result.
+    let out = ctl(
+        &cp,
+        &[
+            "tasks",
+            "alpha",
+            "respond",
+            &asking,
+            "true",
+            "--question-seq",
+            "2",
+        ],
+    );
+    assert_fails(&out, 4, "conflict");
+    let out = ctl(&cp, &["tasks", "alpha", "respond", &done, "true"]);
+    assert_fails(&out, 4, "conflict");
+    let out = ctl(&cp, &["tasks", "alpha", "respond", &asking, "{bad"]);
+    assert_fails(&out, 2, "the answer is not JSON");
+    let answered = ctl_ok(
+        &cp,
+        &[
+            "--json",
+            "tasks",
+            "alpha",
+            "respond",
+            &asking,
+            "true",
+            "--question-seq",
+            "3",
+        ],
+    )
+    .record();
+    // Working again, or done already: its handler goes on at once.
+    let state = &answered["value"]["state"];
+    assert!(state == "working" || state == "completed", "{answered}");
+    assert_eq!(answered["value"]["question"], Json::Null, "{answered}");
+    let stderr = waiter.stderr();
+    let (status, rest) = waiter.finish(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{stderr:#?}");
+    let rest: Vec<Json> = rest
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let events = task_events(&rest, &asking);
+    assert_eq!(events.len(), rest.len(), "{rest:#?}");
+    assert_eq!(events[0]["seq"], 4, "{rest:#?}");
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let out = ctl_ok(&cp, &["--json", "tasks", "alpha", "watch", &asking]);
+    let events = task_events(&out.records(), &asking);
+    assert_eq!(
+        shapes(&events),
+        [
+            pair("submitted", "state"),
+            pair("working", "state"),
+            pair("input_required", "question"),
+            pair("working", "answer"),
+            pair("working", "progress"),
+            pair("completed", "result"),
+        ]
+    );
+    assert_eq!(events[3]["body"], true);
+    // A watch from the start shows the old question, not as waiting.
+    assert!(!out.records().iter().any(|r| r["kind"] == "waiting"));
+
+    // Ids are checked before anything is sent.
+    for op in ["get", "watch", "cancel"] {
+        let out = ctl(&cp, &["tasks", "alpha", op, "not-a-task"]);
+        assert_fails(&out, 2, "is not a task id");
+    }
+    let out = ctl(&cp, &["tasks", "list"]);
+    assert_fails(&out, 2, "say which node");
+
+    // Another control plane, not the node's: it sees none of these tasks,
+    // exactly as if they did not exist...
+    let stranger = tmp.path().join("stranger");
+    let invite = node.invite();
+    for op in ["get", "watch", "cancel"] {
+        let out = ctl(&stranger, &["tasks", invite, op, &done]);
+        assert_fails(&out, 4, "not_found: no such task");
+    }
+    let out = ctl(&stranger, &["tasks", invite, "respond", &asking, "true"]);
+    assert_fails(&out, 4, "not_found: no such task");
+    let out = ctl(
+        &stranger,
+        &["tasks", invite, "get", "0123456789abcdef0123456789abcdef"],
+    );
+    assert_fails(&out, 4, "not_found: no such task");
+    let record = ctl_ok(&stranger, &["--json", "tasks", invite, "list"]).record();
+    assert_eq!(record["tasks"], json!([]), "{record}");
+    // ... and sees its own, which the node's control plane sees too.
+    let out = ctl_ok(
+        &stranger,
+        &[
+            "--json",
+            "call",
+            invite,
+            "app.agent",
+            "work",
+            "--args",
+            r#"{"text": "mine", "steps": 1, "step_ms": 0}"#,
+            "--wait",
+        ],
+    );
+    let records = out.records();
+    let theirs = records[0]["task"].as_str().unwrap().to_owned();
+    let record = ctl_ok(&stranger, &["--json", "tasks", invite, "list"]).record();
+    assert_eq!(record["tasks"].as_array().unwrap().len(), 1, "{record}");
+    assert_eq!(record["tasks"][0]["task"], theirs.as_str());
+    assert_eq!(ids(&[]).0, [theirs, long, asking, done]);
+    // A node it names by its invite is named so in what it is told to
+    // type next.
+    let out = ctl(
+        &stranger,
+        &[
+            "call",
+            invite,
+            "app.agent",
+            "work",
+            "--args",
+            r#"{"text": "ask me", "ask": true}"#,
+            "--wait",
+        ],
+    );
+    assert_eq!(out.code, 8, "{out:#?}");
+    let line = stderr_line(&out);
+    assert!(
+        line.contains(&format!("capwire ctl tasks '{invite}' respond ")),
+        "{line}"
+    );
+}

@@ -12,8 +12,8 @@ fn the_demo_runs_every_step_and_exits_zero() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
-    for step in 1..=13 {
-        let line = format!("[{step:>2}/13]");
+    for step in 1..=14 {
+        let line = format!("[{step:>2}/14]");
         let found = stdout
             .lines()
             .find(|l| l.starts_with(&line))
@@ -33,7 +33,14 @@ fn the_demo_runs_every_step_and_exits_zero() {
         "agent-1's app.agent/tell streams its answer",
         "item  1 \"agent-1:\"",
         "11 items, then the end: \"agent-1: streams come word by word as the caller takes them\"",
-        "all 13 steps passed",
+        "agent-1's app.agent/work: progress, a question, an answer, a result",
+        "input_required question \"agent-1: go on with \\\"index the docs\\\" (3 steps)?\"",
+        "(answered true with core.tasks/respond)",
+        "working        answer   true",
+        "working        progress step 3 of 3",
+        "completed      result   \"agent-1: index the docs: done in 3 steps\"",
+        "result: \"agent-1: index the docs: done in 3 steps\"",
+        "all 14 steps passed",
     ] {
         assert!(stdout.contains(expected), "missing {expected:?}:\n{stdout}");
     }

@@ -17,10 +17,11 @@ use capwire::manifest::{
     ChildArgs, ClusterContact, ClusterCreate, ClusterIntroduce, ClusterList, ClusterRemove,
     ClusterSetMonitoring, CopyDirection, CopyRecord, CreateArgs, DeclaredClass, GetConfig,
     IntroducePairArgs, Manifest, NoArgs, SetConfig, SetConfigArgs, SetMonitoringArgs,
+    TaskEventKind, TaskState,
 };
 use capwire::{CallError, ControlEvent, Invite, Limits, Node, NodeError, NodeId, Peer};
 
-use crate::agent::{Ask, AskArgs, Echo, Note, Probe, ProbeArgs, Tell};
+use crate::agent::{Ask, AskArgs, Echo, Note, Probe, ProbeArgs, Tell, Work, WorkArgs, WorkStep};
 use crate::exit::Failure;
 use crate::node::agent_builder;
 
@@ -32,7 +33,7 @@ pub(crate) struct DemoArgs {
     agents: u8,
 }
 
-const STEPS: usize = 13;
+const STEPS: usize = 14;
 const APP: &str = "capwire.demo";
 /// The control plane's stream window, in items: small, so that the
 /// stream step shows the credit at work.
@@ -412,7 +413,64 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         )
         .await?;
 
-    // 8. Unknown verb.
+    // 8. A task.
+    narrator
+        .step(
+            &format!(
+                "submit a task to {}'s app.agent/work: progress, a question, an answer, a result",
+                first.name
+            ),
+            async {
+                let text = "index the docs";
+                let args = WorkArgs {
+                    text: text.to_owned(),
+                    steps: Some(3),
+                    step_ms: Some(20),
+                    ask: true,
+                };
+                let task = first.peer.submit(Work, args).await.map_err(err)?;
+                say(format!(
+                    "task {} written at {} before the answer; its events:",
+                    task.id(),
+                    first.name
+                ));
+                let mut events = task.events(1).await.map_err(err)?;
+                let mut answered = false;
+                while let Some(event) = events.next().await {
+                    let event = event.map_err(err)?;
+                    let body = match event.kind {
+                        TaskEventKind::Progress => event
+                            .body
+                            .decode::<WorkStep>()
+                            .map(|s| format!("step {} of {}", s.step, s.of))
+                            .map_err(err)?,
+                        _ if event.body.is_null() => String::new(),
+                        _ => cbor_to_json(&event.body).map_err(err)?.to_string(),
+                    };
+                    let kind = format!("{:?}", event.kind).to_lowercase();
+                    let line = format!(
+                        "  #{} {:<14} {kind:<8} {body}",
+                        event.seq,
+                        event.state.as_str()
+                    );
+                    say(line.trim_end());
+                    if event.state == TaskState::InputRequired && !answered {
+                        task.respond(&true).await.map_err(err)?;
+                        answered = true;
+                        say("  (answered true with core.tasks/respond)");
+                    }
+                }
+                let result = task.result().await.map_err(err)?;
+                if !answered || result != format!("{}: {text}: done in 3 steps", first.name) {
+                    return Err(format!("unexpected end: answered {answered}, {result:?}"));
+                }
+                say(format!("result: {result:?}"));
+                Ok(())
+            },
+        )
+        .await?;
+
+    // 9. Unknown verb.
     narrator
         .step(
             "call a verb the node's manifest does not list (app.agent/launch)",
@@ -430,7 +488,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         )
         .await?;
 
-    // 9. Introduce, and one agent calls another.
+    // 10. Introduce, and one agent calls another.
     narrator
         .step(
             &format!(
@@ -465,7 +523,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         )
         .await?;
 
-    // 10. An agent tries a controller verb.
+    // 11. An agent tries a controller verb.
     narrator
         .step(
             &format!(
@@ -497,7 +555,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         )
         .await?;
 
-    // 11. Configuration.
+    // 12. Configuration.
     narrator
         .step("set the node's configuration with compare-and-set", async {
             let value = RawValue::encode(
@@ -554,7 +612,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         })
         .await?;
 
-    // 12. Remove an agent.
+    // 13. Remove an agent.
     let last = agents.last().ok_or_else(|| Failure::failed("no agents"))?;
     narrator
         .step(&format!("remove {} (core.cluster/remove)", last.name), async {
@@ -573,7 +631,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         })
         .await?;
 
-    // 13. Monitoring copies.
+    // 14. Monitoring copies.
     let copies = narrator
         .step("look at the monitoring copies the agents sent", async {
             let copies = pushes.copies();

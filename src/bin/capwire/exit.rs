@@ -9,6 +9,11 @@
 //! | 4 | the peer answered with another error (`bad_args`, `conflict`, ...) |
 //! | 5 | no answer in time (`--timeout`, or the peer's `timeout`) |
 //! | 6 | the peer could not be reached or the connection was lost |
+//! | 7 | the task was canceled (`call --wait`, `tasks watch`) |
+//! | 8 | the task waits for an answer (`call --wait` without `--answer`) |
+//!
+//! A task that ended `failed` is the peer's error (4, or 5 for its
+//! `timeout`).
 
 use std::fmt;
 
@@ -23,7 +28,9 @@ Exit codes:
   3  denied by the peer (unknown_verb, unauthorized, bind_failed)
   4  the peer answered another error (bad_args, conflict, not_found, ...)
   5  no answer in time (--timeout, or the peer's own timeout)
-  6  the peer could not be reached, or the connection was lost";
+  6  the peer could not be reached, or the connection was lost
+  7  the task was canceled (call --wait, tasks watch; one that failed is 4)
+  8  the task waits for an answer (call --wait without --answer)";
 
 /// A failure of a subcommand: what to print and the exit code.
 #[derive(Debug, Clone)]
@@ -38,6 +45,8 @@ pub(crate) const DENIED: u8 = 3;
 pub(crate) const REMOTE: u8 = 4;
 pub(crate) const TIMEOUT: u8 = 5;
 pub(crate) const UNREACHABLE: u8 = 6;
+pub(crate) const CANCELED: u8 = 7;
+pub(crate) const ANSWER_NEEDED: u8 = 8;
 
 impl Failure {
     pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use capwire::envelope::RawValue;
+use capwire::envelope::{RawValue, ReqId};
 use capwire::json::{cbor_to_json, json_to_cbor};
 use capwire::manifest::{CopyRecord, Manifest, Member, Roster, VerbKind};
 use capwire::{CallError, ControlEvent, Invite, Limits, Node, NodeError, NodeId, Peer, StoreError};
@@ -21,7 +21,8 @@ use serde_json::{Value as Json, json};
 use tokio::sync::{broadcast, mpsc};
 
 use super::book::{Book, Entry, short};
-use super::{ClusterOp, ConfigOp, CtlCommand, OnOff, call_target};
+use super::tasks::OnQuestion;
+use super::{ClusterOp, ConfigOp, CtlCommand, OnOff, call_target, tasks_target};
 use crate::exit::{Failure, TIMEOUT, UNREACHABLE};
 
 /// Why the control plane's node did not open.
@@ -48,9 +49,9 @@ const STREAM_IDLE: Duration = Duration::from_secs(365 * 86_400);
 /// How many `call` records a slow watch may fall behind by.
 const CALL_FEED: usize = 256;
 
-type Out = mpsc::Sender<Json>;
+pub(super) type Out = mpsc::Sender<Json>;
 
-async fn emit(out: &Out, record: Json) -> Result<(), Failure> {
+pub(super) async fn emit(out: &Out, record: Json) -> Result<(), Failure> {
     // A reader that went away (Ctrl-C, a closed socket) ends the command.
     out.send(record)
         .await
@@ -105,6 +106,16 @@ impl Ctx {
         lock(&self.book)
     }
 
+    /// How a later command names `entry`, which `spec` named: its name
+    /// when it is in the book, else `spec` (an invite) quoted for a shell.
+    fn via(&self, entry: &Entry, spec: &str) -> String {
+        if self.book().peers.iter().any(|p| p.node_id == entry.node_id) {
+            entry.name.clone()
+        } else {
+            format!("'{spec}'")
+        }
+    }
+
     /// A session with `entry`: the one up already, or a new one.
     async fn reach(&self, entry: &Entry, timeout: Duration) -> Result<Peer, Failure> {
         if self.node.connected_peers().contains(&entry.node_id) {
@@ -155,14 +166,35 @@ impl Ctx {
         args: &RawValue,
         timeout: Duration,
     ) -> Result<Json, Failure> {
-        let reply = peer.call_raw(cap, verb, args, timeout).await;
-        self.note(peer, name, cap, verb, Way::Request, reply.as_ref().err());
-        let reply = reply.map_err(|e| Failure::call(&format!("{name} {cap}/{verb}"), &e))?;
+        let reply = self
+            .call_raw(peer, name, cap, verb, args, None, timeout)
+            .await?;
         cbor_to_json(&reply).map_err(|e| Failure::failed(format!("unreadable result: {e}")))
     }
 
+    /// A request (or a task's submit), with `req_id` when given; its
+    /// answer as CBOR.
+    #[allow(clippy::too_many_arguments)]
+    async fn call_raw(
+        &self,
+        peer: &Peer,
+        name: &str,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+        req_id: Option<&ReqId>,
+        timeout: Duration,
+    ) -> Result<RawValue, Failure> {
+        let reply = match req_id {
+            Some(id) => peer.call_raw_with_id(cap, verb, args, id, timeout).await,
+            None => peer.call_raw(cap, verb, args, timeout).await,
+        };
+        self.note(peer, name, cap, verb, Way::Request, reply.as_ref().err());
+        reply.map_err(|e| Failure::call(&format!("{name} {cap}/{verb}"), &e))
+    }
+
     /// Tells the watches about a call this control plane made.
-    fn note(
+    pub(super) fn note(
         &self,
         peer: &Peer,
         name: &str,
@@ -338,6 +370,9 @@ impl Ctx {
                 args,
                 notify,
                 stream,
+                wait,
+                answer,
+                req_id,
             } => {
                 let (peer, cap, verb) = call_target(peer.as_deref(), &target)?;
                 // Bad input is a usage error whether or not the node is up.
@@ -347,9 +382,27 @@ impl Ctx {
                     None => json!({}),
                 };
                 let args = cbor_args(&args)?;
+                let answer = answer
+                    .map(|a| super::tasks::answer_of(&a, "--answer"))
+                    .transpose()?;
+                let req_id = req_id
+                    .map(|id| {
+                        ReqId::try_from(id.as_str()).map_err(|e| {
+                            Failure::usage(format!(
+                                "--req-id {id:?}: {e} (printable ASCII, no spaces, at most 64 \
+                                 bytes)"
+                            ))
+                        })
+                    })
+                    .transpose()?;
+                if req_id.as_ref().is_some_and(ReqId::is_fire_and_forget) {
+                    return Err(Failure::usage(
+                        "--req-id: an empty id would be a notification",
+                    ));
+                }
                 let entry = self.book().resolve(&peer)?;
                 let session = self.reach(&entry, timeout).await?;
-                check_kind(&session, &entry.name, &cap, &verb, stream, notify)?;
+                let kind = check_kind(&session, &entry.name, &cap, &verb, stream, notify, wait)?;
                 if stream {
                     return self
                         .stream(&session, &entry.name, &cap, &verb, &args, timeout, out)
@@ -372,10 +425,50 @@ impl Ctx {
                     )
                     .await;
                 }
-                let value = self
-                    .call_cbor(&session, &entry.name, &cap, &verb, &args, timeout)
+                let reply = self
+                    .call_raw(
+                        &session,
+                        &entry.name,
+                        &cap,
+                        &verb,
+                        &args,
+                        req_id.as_ref(),
+                        timeout,
+                    )
                     .await?;
-                emit(out, json!({"kind": "result", "value": value})).await
+                if kind != Some(VerbKind::Task) {
+                    let value = cbor_to_json(&reply)
+                        .map_err(|e| Failure::failed(format!("unreadable result: {e}")))?;
+                    return emit(out, json!({"kind": "result", "value": value})).await;
+                }
+                let via = self.via(&entry, &peer);
+                let task = self
+                    .submitted(&entry.name, &via, &cap, &verb, &reply, out)
+                    .await?;
+                if !wait {
+                    return Ok(());
+                }
+                let on_question = answer.map_or(OnQuestion::Stop, OnQuestion::Answer);
+                self.follow(
+                    &session,
+                    &entry.name,
+                    &via,
+                    &task,
+                    1,
+                    on_question,
+                    timeout,
+                    out,
+                )
+                .await
+            }
+            CtlCommand::Tasks { node, peer, op } => {
+                let node = tasks_target(node.as_deref(), peer.as_deref())?;
+                super::tasks::check(&op)?;
+                let entry = self.book().resolve(node)?;
+                let session = self.reach(&entry, timeout).await?;
+                let via = self.via(&entry, node);
+                self.tasks(&session, &entry.name, &via, op, timeout, out)
+                    .await
             }
             CtlCommand::Manifest { node } => {
                 let entry = self.book().resolve(node.get()?)?;
@@ -740,6 +833,20 @@ impl Ctx {
                         let from = self.book().name_of(&from);
                         emit(out, roster_json(&from, &roster)).await?;
                     }
+                    Ok(ControlEvent::Task { from, change }) => {
+                        let from = self.book().name_of(&from);
+                        let submitter = if change.submitter == self.node.id() {
+                            "this control plane".to_owned()
+                        } else {
+                            self.book().name_of(&change.submitter)
+                        };
+                        emit(out, json!({
+                            "kind": "task_changed", "from": from, "task": change.task,
+                            "cap": change.cap, "verb": change.verb, "submitter": submitter,
+                            "state": change.state.as_str(), "seq": change.seq,
+                            "at_ms": change.at_ms, "dropped": change.dropped,
+                        })).await?;
+                    }
                     Ok(_) => {}
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         emit(out, json!({"kind": "lagged", "missed": missed})).await?;
@@ -829,7 +936,7 @@ impl Noted {
 
 /// How a call was made, for the watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Way {
+pub(super) enum Way {
     Request,
     Notify,
     /// A stream, and how many items it brought.
@@ -838,8 +945,10 @@ enum Way {
 
 /// Refuses, before anything is sent, a call whose form does not fit the
 /// verb's kind in the node's manifest: `--stream` is for stream verbs
-/// only, and a stream verb takes nothing else. A verb the manifest does
-/// not list is left for the node to refuse (`unknown_verb`).
+/// only, and a stream verb takes nothing else; `--wait` is for task verbs
+/// only, and a task verb is not sent as a notification. A verb the
+/// manifest does not list is left for the node to refuse (`unknown_verb`).
+/// The verb's kind, when the manifest lists it.
 fn check_kind(
     peer: &Peer,
     name: &str,
@@ -847,7 +956,8 @@ fn check_kind(
     verb: &str,
     stream: bool,
     notify: bool,
-) -> Result<(), Failure> {
+    wait: bool,
+) -> Result<Option<VerbKind>, Failure> {
     let manifest = peer
         .manifest()
         .ok_or_else(|| Failure::new(UNREACHABLE, format!("{name}: the session ended")))?;
@@ -856,14 +966,29 @@ fn check_kind(
         .and_then(|c| c.verb(verb))
         .map(|v| v.kind)
     else {
-        return Ok(());
+        return Ok(None);
     };
+    match kind {
+        VerbKind::Task if notify => {
+            return Err(Failure::usage(format!(
+                "{cap}/{verb} of {name} is a task verb: call it without --notify (its answer is \
+                 the task's id)"
+            )));
+        }
+        VerbKind::Task | VerbKind::Stream => {}
+        other if wait => {
+            return Err(Failure::usage(format!(
+                "{cap}/{verb} of {name} is a {other} verb, not a task: --wait is for task verbs"
+            )));
+        }
+        _ => {}
+    }
     match (kind, stream) {
         (VerbKind::Stream, false) => Err(Failure::usage(format!(
             "{cap}/{verb} of {name} is a stream verb: call it with --stream{}",
             if notify { " (not --notify)" } else { "" }
         ))),
-        (VerbKind::Stream, true) => Ok(()),
+        (VerbKind::Stream, true) => Ok(Some(kind)),
         (other, true) => Err(Failure::usage(format!(
             "{cap}/{verb} of {name} is a {other} verb, not a stream: call it without --stream{}",
             if other == VerbKind::Notification {
@@ -872,7 +997,7 @@ fn check_kind(
                 ""
             }
         ))),
-        (_, false) => Ok(()),
+        (_, false) => Ok(Some(kind)),
     }
 }
 

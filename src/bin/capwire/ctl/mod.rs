@@ -3,8 +3,9 @@
 //! nodes with their invites and then calls them.
 //!
 //! Only one process at a time can own a state directory (its store is
-//! locked), yet a `ctl watch` or `ctl top` runs for long while other
-//! commands are typed in another terminal. So such an owner also listens
+//! locked), yet a `ctl watch`, a `ctl top` or a command that follows a task
+//! (`call --wait`, `tasks watch`) runs for long while other commands are
+//! typed in another terminal. So such an owner also listens
 //! on `ctl.sock` in the (owner-only) state directory, and a `ctl` that
 //! finds the directory in use hands its command to the owner over that
 //! socket and prints what comes back: the same records, the same exit
@@ -16,12 +17,14 @@ mod book;
 mod exec;
 mod forward;
 mod render;
+mod tasks;
 mod top;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use capwire::manifest::TaskState;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use tokio::sync::mpsc;
@@ -34,8 +37,8 @@ pub(crate) use exec::Ctx;
 fn after_help() -> String {
     format!(
         "A node (PEER) is a name from `ctl peers`, a key or an invite, given as --peer PEER\n\
-         anywhere after the command's name; call, manifest, status, disable and forget\n\
-         also take it as their first argument (`ctl call PEER CAP VERB`).\n\n{EXIT_CODES}"
+         anywhere after the command's name; call, manifest, status, disable, forget and\n\
+         tasks also take it as their first argument (`ctl call PEER CAP VERB`).\n\n{EXIT_CODES}"
     )
 }
 
@@ -92,7 +95,8 @@ pub(crate) enum CtlCommand {
     },
     /// Calls a verb of a node with JSON args (sent as CBOR; see
     /// `capwire ctl call --help` for the mapping) and prints the result,
-    /// or with --stream each item of a stream verb as it arrives.
+    /// or with --stream each item of a stream verb as it arrives, or for a
+    /// task verb the task's id (and with --wait its events until it ends).
     #[command(
         after_help = call_help(),
         override_usage = "capwire ctl call [OPTIONS] <PEER> <CAP> <VERB>\n       capwire ctl call [OPTIONS] --peer <PEER> <CAP> <VERB>"
@@ -122,6 +126,40 @@ pub(crate) enum CtlCommand {
         #[arg(long)]
         #[serde(default)]
         stream: bool,
+        /// For a task verb (kind `task`): follow the task after its id is
+        /// printed, an event a line, until it ends. Exit code 0 when it
+        /// completed, 4 when it failed, 7 when it was canceled; a question
+        /// stops the wait with exit code 8 and how to answer it, unless
+        /// --answer answers it.
+        #[arg(long, conflicts_with_all = ["notify", "stream"])]
+        #[serde(default)]
+        wait: bool,
+        /// With --wait: the answer (JSON) to the task's first question.
+        #[arg(long, value_name = "JSON", requires = "wait")]
+        #[serde(default)]
+        answer: Option<String>,
+        /// The request's id (printable ASCII, at most 64 bytes, e.g.
+        /// build-42): the same id again gets the first answer, and for a
+        /// task verb the same task, so a submit whose answer was lost can
+        /// be sent again. Default: a fresh id each time.
+        #[arg(long, value_name = "ID", conflicts_with_all = ["notify", "stream"])]
+        #[serde(default)]
+        req_id: Option<String>,
+    },
+    /// The tasks of a node (`core.tasks`): those this control plane
+    /// submitted, and every task of a node it controls.
+    #[command(
+        override_usage = "capwire ctl tasks [OPTIONS] <PEER> <COMMAND>\n       capwire ctl tasks [OPTIONS] --peer <PEER> <COMMAND>"
+    )]
+    Tasks {
+        /// The node: a name, a key or an invite (or give it with --peer).
+        #[arg(value_name = "PEER")]
+        node: Option<String>,
+        /// The node: a name, a key or an invite.
+        #[arg(long, value_name = "PEER", global = true)]
+        peer: Option<String>,
+        #[command(subcommand)]
+        op: TasksOp,
     },
     /// Shows a node's manifest: its capabilities, verbs and their classes.
     Manifest {
@@ -232,13 +270,46 @@ pub(crate) fn call_target(
     }
 }
 
+/// The node of `ctl tasks`: its first argument, or `--peer`.
+pub(crate) fn tasks_target<'a>(
+    node: Option<&'a str>,
+    peer: Option<&'a str>,
+) -> Result<&'a str, Failure> {
+    match (node, peer) {
+        (Some(node), None) | (None, Some(node)) => Ok(node),
+        (Some(_), Some(_)) => Err(twice()),
+        (None, None) => Err(Failure::usage(
+            "say which node: `capwire ctl tasks PEER list`, or --peer PEER",
+        )),
+    }
+}
+
 impl CtlCommand {
     /// Whether it runs until it ends or is interrupted, printing as it
-    /// goes: a watch, a stream.
+    /// goes: a watch, a stream, a task followed.
     pub(crate) fn is_long_running(&self) -> bool {
         matches!(
             self,
-            CtlCommand::Watch | CtlCommand::Call { stream: true, .. }
+            CtlCommand::Watch
+                | CtlCommand::Call { stream: true, .. }
+                | CtlCommand::Call { wait: true, .. }
+                | CtlCommand::Tasks {
+                    op: TasksOp::Watch { .. },
+                    ..
+                }
+        )
+    }
+
+    /// Whether it follows a task until it ends (`call --wait`, `tasks
+    /// watch`).
+    pub(crate) fn follows_task(&self) -> bool {
+        matches!(
+            self,
+            CtlCommand::Call { wait: true, .. }
+                | CtlCommand::Tasks {
+                    op: TasksOp::Watch { .. },
+                    ..
+                }
         )
     }
 
@@ -247,6 +318,10 @@ impl CtlCommand {
     fn check(&self) -> Result<(), Failure> {
         match self {
             CtlCommand::Call { target, peer, .. } => call_target(peer.as_deref(), target).map(drop),
+            CtlCommand::Tasks { node, peer, op } => {
+                tasks_target(node.as_deref(), peer.as_deref())?;
+                tasks::check(op)
+            }
             CtlCommand::Forget { node }
             | CtlCommand::Manifest { node }
             | CtlCommand::Status { node }
@@ -335,6 +410,75 @@ pub(crate) enum ConfigOp {
     },
 }
 
+/// `capwire ctl tasks PEER ...`. A task is named by its id (32 hex
+/// digits, as `call` and `list` print it).
+#[derive(Debug, Clone, clap::Subcommand, Serialize, Deserialize)]
+pub(crate) enum TasksOp {
+    /// Lists the tasks, newest first.
+    List {
+        /// Only tasks in this state: submitted, working, input_required,
+        /// completed, failed, canceled or rejected. (`--state` is the
+        /// control plane's state directory.)
+        #[arg(long = "task-state", value_name = "STATE", value_parser = task_state)]
+        state: Option<TaskState>,
+        /// Only tasks of this task verb (CAP/VERB), or of this capability
+        /// (CAP).
+        #[arg(long, value_name = "CAP/VERB")]
+        verb: Option<String>,
+        /// At most this many (1 to 200; default 50).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=200))]
+        limit: Option<u32>,
+        /// Only tasks submitted before this one: the `next` of the page
+        /// before.
+        #[arg(long, value_name = "ID")]
+        before: Option<String>,
+    },
+    /// Shows one task: its state, last progress, question, result or
+    /// error.
+    Get {
+        /// The task's id.
+        id: String,
+    },
+    /// Prints the task's events, then each new one as it happens, until
+    /// it ends (exit codes as `call --wait`; Ctrl-C stops watching, not
+    /// the task).
+    Watch {
+        /// The task's id.
+        id: String,
+        /// The first event to print: the seq of the last one seen plus 1
+        /// (default 1, all that are kept).
+        #[arg(long, value_name = "SEQ")]
+        from: Option<u64>,
+    },
+    /// Cancels the task (one that has ended is left as it is).
+    Cancel {
+        /// The task's id.
+        id: String,
+    },
+    /// Answers the question the task waits on.
+    Respond {
+        /// The task's id.
+        id: String,
+        /// The answer, as JSON.
+        answer: String,
+        /// Only if the question it waits on is the one of this event (as
+        /// `get` or `watch` shows it).
+        #[arg(long, value_name = "SEQ")]
+        question_seq: Option<u64>,
+    },
+}
+
+/// A task state as `--state` takes it.
+fn task_state(text: &str) -> Result<TaskState, String> {
+    TaskState::ALL
+        .into_iter()
+        .find(|s| s.as_str() == text)
+        .ok_or_else(|| {
+            let all: Vec<&str> = TaskState::ALL.iter().map(|s| s.as_str()).collect();
+            format!("{text:?} is not a task state ({})", all.join(", "))
+        })
+}
+
 const JSON_MAPPING: &str = "\
 JSON to CBOR: null, booleans, strings, arrays and objects map as they are;
 a number without fraction or exponent is an integer, one with them a float.
@@ -351,13 +495,27 @@ Streams: the node's manifest says each verb's kind (`ctl manifest`). A stream
 verb takes --stream, and only a stream verb does: the other way round is
 refused before anything is sent (exit code 2). Items come as fast as they are
 printed: the node's handler waits while this side holds its window of items
-(256) not yet taken. A stream that ends with an error prints the record
+(4096) not yet taken. A stream that ends with an error prints the record
 {\"kind\":\"error\",\"items\":N,\"error\":CODE,\"message\":...} under --json,
 the error on stderr, and exits with the code the error calls for.";
 
+/// Below `capwire ctl call --help`, after the streams.
+const TASKS_HELP: &str = "\
+Tasks: a task verb answers at once with the id of a task that then runs at the
+node, whatever becomes of this command: the id is printed (`task ID on PEER
+(CAP/VERB): submitted`; --json: {\"kind\":\"submitted\",\"task\":ID,...}). With
+--wait the task's events follow, a line each (--json: {\"kind\":\"event\",\"seq\":N,
+\"state\":...,\"event\":\"progress\",\"body\":...}), until it ends: exit code 0 when
+it completed, 4 when it failed, 7 when it was canceled. A question stops the
+wait with exit code 8 and the command that answers it (`ctl tasks PEER respond
+ID JSON`), unless --answer JSON answers it; Ctrl-C stops following, not the
+task, and says where to pick up (`ctl tasks PEER watch ID --from N`).
+--timeout bounds each call, not the task. --req-id ID makes a submit safe to
+send again: the same id from this control plane is the same task.";
+
 /// What `capwire ctl call --help` ends with.
 fn call_help() -> String {
-    format!("{JSON_MAPPING}\n\n{STREAMS_HELP}")
+    format!("{JSON_MAPPING}\n\n{STREAMS_HELP}\n\n{TASKS_HELP}")
 }
 
 /// A command and its timeout, as one `ctl` hands it to another.
@@ -465,7 +623,10 @@ async fn open(
 pub(crate) async fn run(args: CtlArgs) -> Result<(), Failure> {
     args.command.check()?;
     let dir = state_dir(&args)?;
-    let serve = matches!(args.command, CtlCommand::Watch | CtlCommand::Top { .. });
+    // Following a task is long too, and is answered from another
+    // terminal meanwhile (`tasks respond`).
+    let serve = matches!(args.command, CtlCommand::Watch | CtlCommand::Top { .. })
+        || args.command.follows_task();
     let (backend, server) = open(&dir, serve, args.timeout).await?;
     let result = match args.command {
         CtlCommand::Top { copies } => top::run(&backend, args.timeout, copies).await,
@@ -534,9 +695,14 @@ async fn print_records(
         }
         None => {
             stop(done).await;
-            let record = serde_json::json!({"kind": "cancelled", "items": printer.items()});
+            let record = if streaming {
+                Some(serde_json::json!({"kind": "cancelled", "items": printer.items()}))
+            } else {
+                // A task followed goes on at the node: where to pick up.
+                printer.detached()
+            };
             let last = async {
-                if streaming {
+                if let Some(record) = record {
                     printer.print(&record).await?;
                 }
                 printer.flush().await

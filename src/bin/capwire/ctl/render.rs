@@ -20,6 +20,10 @@ pub(crate) struct Printer {
     written: usize,
     /// Stream items printed (or being printed).
     items: u64,
+    /// The task being followed: its node, how to name that node, its id
+    /// and the seq of the next
+    /// event (from the `submitted` and `event` records printed).
+    following: Option<(Json, Json, Json, u64)>,
 }
 
 impl Printer {
@@ -31,7 +35,18 @@ impl Printer {
             line: Vec::new(),
             written: 0,
             items: 0,
+            following: None,
         }
+    }
+
+    /// The task whose events it printed (or whose id, when none yet), as
+    /// the record `detached` that says where to pick up: for a command
+    /// that follows a task and is interrupted.
+    pub(crate) fn detached(&self) -> Option<Json> {
+        let (peer, via, task, from) = self.following.as_ref()?;
+        Some(serde_json::json!({
+            "kind": "detached", "peer": peer, "via": via, "task": task, "from": from,
+        }))
     }
 
     /// How many `item` records it printed.
@@ -60,6 +75,23 @@ impl Printer {
         }
         if record["kind"] == "item" {
             self.items += 1;
+        }
+        if record["kind"] == "submitted" {
+            self.following = Some((
+                record["peer"].clone(),
+                record["via"].clone(),
+                record["task"].clone(),
+                1,
+            ));
+        }
+        if record["kind"] == "event" {
+            let next = record["seq"].as_u64().unwrap_or(0) + 1;
+            self.following = Some((
+                record["peer"].clone(),
+                record["via"].clone(),
+                record["task"].clone(),
+                next,
+            ));
         }
         self.line = text.into_bytes();
         self.line.push(b'\n');
@@ -312,10 +344,153 @@ pub(crate) fn human(r: &Json) -> String {
         }
         "copy" => out = copy_line(r),
         "call" => out = call_line(r),
+        "submitted" => {
+            out = format!(
+                "task {} on {} ({}/{}): {}",
+                s(r, "task"),
+                s(r, "peer"),
+                s(r, "cap"),
+                s(r, "verb"),
+                s(r, "state")
+            );
+        }
+        "event" => out = event_line(r),
+        "waiting" => {
+            out = format!(
+                "      waits for an answer: capwire ctl tasks {} respond {} JSON",
+                s(r, "via"),
+                s(r, "task")
+            );
+        }
+        "ended" => {
+            out = format!(
+                "task {} had ended ({}, last event #{}) before event #{}",
+                s(r, "task"),
+                s(r, "state"),
+                r["seq"],
+                r["from"]
+            );
+        }
+        "detached" => {
+            out = format!(
+                "stopped following task {} (it goes on at the node): capwire ctl tasks {} watch \
+                 {} --from {}",
+                s(r, "task"),
+                s(r, "via"),
+                s(r, "task"),
+                r["from"]
+            );
+        }
+        "task" => out = task_text(s(r, "peer"), s(r, "via"), &r["value"]),
+        "tasks" => out = tasks_text(r),
+        "task_changed" => {
+            out = format!(
+                "{} {:<10} task {} {}/{} -> {} (event #{}, submitted by {})",
+                clock(r["at_ms"].as_u64().unwrap_or(0)),
+                s(r, "from"),
+                s(r, "task"),
+                s(r, "cap"),
+                s(r, "verb"),
+                s(r, "state"),
+                r["seq"],
+                s(r, "submitter")
+            );
+            let dropped = r["dropped"].as_u64().unwrap_or(0);
+            if dropped > 0 {
+                let _ = write!(out, "  ({dropped} changes dropped before this one)");
+            }
+        }
         "connected" => out = format!("connected to {}", s(r, "peer")),
         "disconnected" => out = format!("lost the session with {} (retrying)", s(r, "peer")),
         "lagged" => out = format!("missed {} pushes (this terminal was too slow)", r["missed"]),
         _ => out = r.to_string(),
+    }
+    out
+}
+
+/// One task event on one line: `#SEQ TIME STATE KIND BODY`.
+fn event_line(r: &Json) -> String {
+    let mut line = format!(
+        "#{:<4} {} {:<14} {:<8}",
+        r["seq"].as_u64().unwrap_or(0),
+        clock(r["at_ms"].as_u64().unwrap_or(0)),
+        s(r, "state"),
+        s(r, "event"),
+    );
+    let body = &r["body"];
+    if s(r, "event") == "error" {
+        let _ = write!(line, " {}: {}", s(body, "code"), s(body, "message"));
+    } else if !body.is_null() {
+        let _ = write!(line, " {}", value_line(body));
+    }
+    line.trim_end().to_owned()
+}
+
+/// One task's info, a few lines.
+fn task_text(peer: &str, via: &str, v: &Json) -> String {
+    let mut out = format!(
+        "task {} on {peer} ({}/{}): {}\n",
+        s(v, "task"),
+        s(v, "cap"),
+        s(v, "verb"),
+        s(v, "state")
+    );
+    let _ = writeln!(
+        out,
+        "  submitted {}, last event #{} at {} (events #{} to #{} kept)",
+        clock(v["created_ms"].as_u64().unwrap_or(0)),
+        v["seq"],
+        clock(v["updated_ms"].as_u64().unwrap_or(0)),
+        v["first_seq"],
+        v["seq"]
+    );
+    if !v["progress"].is_null() {
+        let _ = writeln!(out, "  progress {}", value_line(&v["progress"]));
+    }
+    if let Some(seq) = v["question_seq"].as_u64() {
+        let _ = writeln!(
+            out,
+            "  question (event #{seq}) {}\n  answer it: capwire ctl tasks {via} respond {} JSON",
+            value_line(&v["question"]),
+            s(v, "task")
+        );
+    }
+    if s(v, "state") == "completed" {
+        let _ = writeln!(out, "  result {}", value_line(&v["result"]));
+    }
+    if v["error"].is_object() {
+        let e = &v["error"];
+        let _ = writeln!(out, "  error {}: {}", s(e, "code"), s(e, "message"));
+    }
+    out
+}
+
+/// A page of `tasks list`: a line per task, newest first.
+fn tasks_text(r: &Json) -> String {
+    let tasks = r["tasks"].as_array().cloned().unwrap_or_default();
+    if tasks.is_empty() {
+        return format!(
+            "no tasks on {} that this control plane may see",
+            s(r, "peer")
+        );
+    }
+    let mut out = format!(
+        "{:<32}  {:<14} {:<24} {:>6}  {}\n",
+        "TASK", "STATE", "CAP/VERB", "EVENTS", "UPDATED"
+    );
+    for t in &tasks {
+        let _ = writeln!(
+            out,
+            "{:<32}  {:<14} {:<24} {:>6}  {}",
+            s(t, "task"),
+            s(t, "state"),
+            format!("{}/{}", s(t, "cap"), s(t, "verb")),
+            t["seq"].as_u64().unwrap_or(0),
+            clock(t["updated_ms"].as_u64().unwrap_or(0))
+        );
+    }
+    if let Some(next) = r["next"].as_str() {
+        let _ = writeln!(out, "more: the same list with --before {next}");
     }
     out
 }
