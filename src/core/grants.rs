@@ -70,7 +70,7 @@ pub(crate) fn advertised_key(manifest: &Manifest) -> Option<GrantPublicKey> {
 /// binding epoch it was taken at), the presented tokens and the
 /// revocations.
 pub(crate) struct GrantState {
-    key: GrantKey,
+    key: Arc<GrantKey>,
     /// The control plane's key by binding epoch: the newest bind's and
     /// the one before (a bind that is undone goes back to it).
     controller_key: Mutex<Vec<(u64, GrantPublicKey)>>,
@@ -107,7 +107,7 @@ impl GrantState {
             .into_iter()
             .collect();
         Self {
-            key: GrantKey::from_secret(secret),
+            key: Arc::new(GrantKey::from_secret(secret)),
             controller_key: Mutex::new(controller_key),
             delegations: Arc::new(Delegations::with_revoked(kept.iter().map(|e| e.id.clone()))),
             revocations: Mutex::new(kept),
@@ -115,7 +115,7 @@ impl GrantState {
     }
 
     /// The node's own grant key.
-    pub(crate) fn key(&self) -> &GrantKey {
+    pub(crate) fn key(&self) -> &Arc<GrantKey> {
         &self.key
     }
 

@@ -266,7 +266,13 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         peers.clone(),
         wire_limits,
     ));
-    let handle = NodeHandle::new(id, peers.clone(), control.clone(), limits.default_deadline);
+    let handle = NodeHandle::new(
+        id,
+        peers.clone(),
+        control.clone(),
+        limits.default_deadline,
+        grants.key().clone(),
+    );
     let host: Arc<dyn Host> = match p.host {
         Some(h) => h,
         None => {
