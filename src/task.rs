@@ -216,7 +216,9 @@ impl Task {
     ) -> Result<A, TaskError> {
         let body =
             capwire_envelope::to_vec(question).map_err(|e| TaskError::Encode(e.to_string()))?;
-        let mut answer = self.service.answer_slot(self.id);
+        let fits: crate::tasks::AnswerCheck =
+            |v| v.decode::<A>().map(drop).map_err(|e| e.to_string());
+        let mut answer = self.service.answer_slot(self.id, fits);
         let asked = self
             .service
             .append(
@@ -364,7 +366,8 @@ impl<T: DeserializeOwned> TaskHandle<T> {
     /// (`core.tasks/subscribe`). The subscription is opened again from
     /// where it was when the peer ends it for time (a task may be quiet
     /// for longer than a stream may idle), so it lasts as long as the
-    /// task.
+    /// task. Events the peer deleted before they were taken (a log past
+    /// its `max_task_events`) are not given: the `seq` then jumps.
     ///
     /// # Errors
     /// As [`Peer::stream`](crate::Peer::stream), when the subscription
@@ -387,8 +390,9 @@ impl<T: DeserializeOwned> TaskHandle<T> {
     ///
     /// # Errors
     /// As [`Peer::request`](crate::Peer::request); `conflict` when the
-    /// task waits on no question; [`CallError::Encode`] when `answer` does
-    /// not encode.
+    /// task waits on no question; `bad_args` when `answer` is not of the
+    /// type the question asked for (the question still waits);
+    /// [`CallError::Encode`] when `answer` does not encode.
     pub async fn respond<A: Serialize + ?Sized>(&self, answer: &A) -> Result<TaskInfo, CallError> {
         self.respond_to(None, answer).await
     }

@@ -58,6 +58,13 @@
 //! | Streams on a version-1 session (`unknown_verb`; `item` and `credit` frames: `protocol_error`), and a stream verb sent as a notification (dropped) | `stream_verb_on_a_version_1_session`, `stream_frames_on_a_version_1_session`, `a_stream_verb_sent_as_a_notification` | tests/streams.rs |
 //! | Streams, the node as caller: items beyond the credit (items, bytes, one item over the window), an item for one of the node's plain requests | `items_beyond_the_credit`, `an_item_for_one_of_the_nodes_requests` | src/proto/session.rs unit tests |
 //! | Streams, the node as caller: items for streams that do not exist or were cancelled, a stream ended twice and fed after its end, a flood within credit while the application does not read | `items_for_streams_that_do_not_exist`, `a_stream_ended_twice_then_fed`, `a_flood_within_credit_while_the_caller_does_not_read` | tests/sim.rs `a_partition_mid_stream_ends_it_on_both_sides` |
+//! | Tasks (WIRE.md 4.10): another sender probes a task's id with every verb of `core.tasks` (answered byte for byte as a random id); ids that are not 32 lowercase hex digits | `probing_the_task_ids_of_others`, `malformed_task_ids` | tests/tasks.rs |
+//! | Tasks: a submit flood past `max_tasks_per_sender` and `max_tasks` (`overloaded`, no task, others served); args, progress, results and answers past `max_task_body` (`too_large`; the task ends `failed`, never stuck) | `a_submit_flood_past_the_task_quotas`, `oversized_task_args_progress_and_results` | src/tasks/table.rs unit tests |
+//! | Tasks: answers out of turn, of the wrong type (`bad_args`, the question still waits) and twice at once (one wins); cancels racing the end | `answers_out_of_turn_of_the_wrong_type_and_twice`, `cancel_racing_completion` | tests/tasks.rs |
+//! | Tasks: subscriptions from seq 0, past the end and from 2^64-1; a subscriber that never grants credit; a log past `max_task_events` with a subscriber resuming across the fold | `subscribe_from_a_huge_or_zero_seq`, `a_subscriber_that_never_grants_credit`, `an_event_log_past_max_task_events` | src/store/tests.rs (folding in both stores) |
+//! | Tasks on a version-1 session (`unknown_verb`), and a task verb sent as a notification (dropped) | `task_verbs_on_a_version_1_session` | tests/tasks.rs |
+//! | Tasks: a submit retried after its session is cut, or after it was cancelled or given no budget (the same task, nothing started twice) | `a_submit_retried_after_the_session_is_cut`, `a_cancelled_submit_retried` | tests/task_crash.rs (kill -9 mid-task), tests/sim.rs `a_partition_mid_task_loses_no_event` |
+//! | Tasks: `core.tasks/changed` pushes forged by a stranger, by the thousand (handed over with the stranger's key, the node's tasks untouched) | `forged_task_changes_from_a_stranger` | tests/tasks.rs |
 //! | A node restarted (kill -9) while config writes are in flight | not in this harness: it needs a process to kill | tests/crash.rs `acknowledged_config_writes_survive_sigkill_and_retries_are_not_applied_twice` |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -75,7 +82,9 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 /// not turn into an allocation of that size.
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-use kit::{bind, bounds, chokepoint, faults, frames, handshake, ledger, linger, records, streams};
+use kit::{
+    bind, bounds, chokepoint, faults, frames, handshake, ledger, linger, records, streams, tasks,
+};
 
 /// Declares the attacks: one test each, and the list of their names.
 macro_rules! attacks {
@@ -243,6 +252,35 @@ attacks! {
         => streams::a_stream_ended_twice_then_fed;
     real a_flood_within_credit_while_the_caller_does_not_read(streams_setup())
         => streams::a_flood_within_credit_while_the_caller_does_not_read;
+
+    // Tasks.
+    real probing_the_task_ids_of_others(tasks::tasks_setup())
+        => tasks::probing_the_task_ids_of_others;
+    real malformed_task_ids(tasks::tasks_setup()) => tasks::malformed_task_ids;
+    real a_submit_flood_past_the_task_quotas(tasks::tasks_setup().limits(|l| {
+        l.max_tasks = 8;
+        l.max_tasks_per_sender = 4;
+    })) => tasks::a_submit_flood_past_the_task_quotas;
+    real oversized_task_args_progress_and_results(tasks::tasks_setup())
+        => tasks::oversized_task_args_progress_and_results;
+    real answers_out_of_turn_of_the_wrong_type_and_twice(tasks::tasks_setup())
+        => tasks::answers_out_of_turn_of_the_wrong_type_and_twice;
+    real cancel_racing_completion(tasks::tasks_setup()) => tasks::cancel_racing_completion;
+    real subscribe_from_a_huge_or_zero_seq(tasks::tasks_setup())
+        => tasks::subscribe_from_a_huge_or_zero_seq;
+    real a_subscriber_that_never_grants_credit(
+        tasks::tasks_setup().limits(|l| l.stream_idle_timeout = Duration::from_secs(1))
+    ) => tasks::a_subscriber_that_never_grants_credit;
+    real an_event_log_past_max_task_events(tasks::tasks_setup())
+        => tasks::an_event_log_past_max_task_events;
+    real task_verbs_on_a_version_1_session(tasks::tasks_setup())
+        => tasks::task_verbs_on_a_version_1_session;
+    real a_submit_retried_after_the_session_is_cut(
+        tasks::tasks_setup().limits(|l| l.replay_window = Duration::from_secs(1))
+    ) => tasks::a_submit_retried_after_the_session_is_cut;
+    real a_cancelled_submit_retried(tasks::tasks_setup()) => tasks::a_cancelled_submit_retried;
+    real forged_task_changes_from_a_stranger(tasks::tasks_setup())
+        => tasks::forged_task_changes_from_a_stranger;
 
     // Faults.
     real peer_cut_mid_request(Setup::tcp()) => faults::peer_cut_mid_request;

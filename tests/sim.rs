@@ -32,7 +32,11 @@
 //! `partition_mid_stream` (a stream of the node's, items flowing, cut by
 //! a partition both ways or one way: it ends on both sides with typed
 //! errors within the streams' idle bounds, long before the sessions' idle
-//! timeout, and after the heal a new stream on a new session works).
+//! timeout, and after the heal a new stream on a new session works) and
+//! `partition_mid_task` (a task of the node's, its caller's session cut
+//! both ways or one way while it runs: the task runs on, and after the
+//! heal the caller dials again, resumes its subscription from its last seq
+//! plus 1 and sees every event exactly once, then the result).
 //!
 //! Seeded: turmoil's `Builder::rng_seed` (latency of each segment, host
 //! order each step), a `StdRng` for the harness (which calls, their
@@ -87,9 +91,10 @@ use capwire::manifest::{
     IntroduceArgs, IntroduceReply, MonitoringStatusRead, NoArgs, Roster, SetConfig, SetConfigArgs,
     SetConfigReply, verb,
 };
+use capwire::manifest::{TaskEvent, TaskEventKind, TaskState};
 use capwire::{
     CallError, Capability, Contact, ControlEvent, HandlerError, Invite, Items, Keypair, Limits,
-    Node, NodeId, Peer, State,
+    Node, NodeId, Peer, State, Task,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -164,6 +169,33 @@ async fn ticks(
         tokio::time::sleep(Duration::from_millis(every_ms)).await;
     }
     Ok(())
+}
+
+verb! {
+    /// A task (protocol 2): `n` steps, one every `every_ms` (simulated)
+    /// milliseconds, each reported as its progress; answers `n`.
+    pub struct Job: task "app.sim" / "job", Bootstrap, JobArgs => u64;
+}
+
+/// Args of `job`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, capwire::JsonSchema)]
+#[schemars(crate = "capwire::schemars")]
+pub struct JobArgs {
+    n: u64,
+    every_ms: u64,
+}
+
+/// The simulated time of each step the node's `job` handlers wrote.
+#[derive(Clone, Default)]
+struct JobLog(Arc<Mutex<Vec<Duration>>>);
+
+async fn job(args: JobArgs, task: Task, State(log): State<JobLog>) -> Result<u64, HandlerError> {
+    for step in 1..=args.n {
+        tokio::time::sleep(Duration::from_millis(args.every_ms)).await;
+        task.progress(&step).await?;
+        lock(&log.0).push(turmoil::sim_elapsed().unwrap_or_default());
+    }
+    Ok(args.n)
 }
 
 /// Both sides' `stream_idle_timeout` in the simulation.
@@ -398,6 +430,8 @@ struct Slot {
     cp: Option<Node>,
     /// How the node's `ticks` handlers ended.
     streams: StreamLog,
+    /// When the node's `job` handlers wrote their steps.
+    jobs: JobLog,
 }
 
 type SharedSlot = Arc<Mutex<Slot>>;
@@ -418,7 +452,10 @@ fn node_software(
     move || {
         let (dir, slot) = (dir.clone(), slot.clone());
         Box::pin(async move {
-            let log = lock(&slot).streams.clone();
+            let (log, jobs) = {
+                let s = lock(&slot);
+                (s.streams.clone(), s.jobs.clone())
+            };
             let mut builder = Node::builder("sim-node")
                 .keypair(keypair(seed, 1))
                 .host(SimHost)
@@ -430,9 +467,11 @@ fn node_software(
                 .capability(
                     Capability::new("app.sim", "1.0.0")?
                         .handle(Work, work)
-                        .stream(Ticks, ticks),
+                        .stream(Ticks, ticks)
+                        .task(Job, job),
                 )
-                .state(log);
+                .state(log)
+                .state(jobs);
             if let Some(dir) = dir {
                 builder = builder.state_dir(dir);
             }
@@ -1514,6 +1553,148 @@ async fn partition_mid_stream_cp(seed: u64, mut rng: StdRng, slot: SharedSlot, t
 }
 
 // ---------------------------------------------------------------------------
+// Scenario 4: a partition mid-task.
+// ---------------------------------------------------------------------------
+
+/// Runs scenario 4 for `seed`: a task of the node's runs while its
+/// caller's session is cut (both ways, or one way either way); the task
+/// runs on; after the heal the caller dials again and resumes its
+/// subscription from its last seq plus 1: every event once, in order,
+/// then the result.
+fn partition_mid_task(seed: u64) -> Vec<String> {
+    let trace = Trace::default();
+    let guard = OnFailure::new("partition_mid_task", seed, &trace);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7a5c_0000);
+    let mut sim = sim_builder(seed, &mut rng).build();
+    let slot = SharedSlot::default();
+    let cp_id = keypair(seed, 2).public();
+    sim.host(NODE, node_software(seed, None, cp_id, slot.clone()));
+    let (t, s) = (trace.clone(), slot.clone());
+    sim.client(CP, async move {
+        partition_mid_task_cp(seed, rng, s, t).await;
+        Ok(())
+    });
+    let mut sessions = Sessions::default();
+    while !sim.step().unwrap() {
+        guard.stepped(&sim);
+        sessions.observe(&sim, &slot, &trace);
+    }
+    trace.lines()
+}
+
+async fn partition_mid_task_cp(seed: u64, mut rng: StdRng, slot: SharedSlot, trace: Trace) {
+    let cp = start_cp(seed, &slot).await;
+    let node_id = wait_for_invite(&slot).await.node_id;
+    let peer = dial(&cp, node_id, &trace).await;
+    let args = JobArgs {
+        n: 100,
+        every_ms: rng.random_range(100..250u64),
+    };
+    let task = peer.submit(Job, args.clone()).await.unwrap();
+    trace.event(format!(
+        "submitted: {} steps, one every {} ms",
+        args.n, args.every_ms
+    ));
+    let mut events = task.events(1).await.unwrap();
+    let mut seen: Vec<TaskEvent> = Vec::new();
+    let before = rng.random_range(3..12usize);
+    while seen.len() < before {
+        let e = tokio::time::timeout(STREAM_IDLE, events.next())
+            .await
+            .expect("events flow before the cut");
+        seen.push(e.unwrap().unwrap());
+    }
+    let cut = match seed % 3 {
+        0 => Cut::Partition,
+        1 => Cut::OneWay(CP, NODE),
+        _ => Cut::OneWay(NODE, CP),
+    };
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..args.every_ms))).await;
+    cut.start();
+    let cut_sim = turmoil::sim_elapsed().unwrap_or_default();
+    trace.event(format!("{cut:?} mid-task, {} events seen", seen.len()));
+
+    // The caller's subscription: what was on its way, then it fails (its
+    // idle bound passes, and opening it again on the cut session does not
+    // get through), or it is given up on.
+    let given_up = STREAM_IDLE * 2;
+    let how = loop {
+        match tokio::time::timeout(given_up, events.next()).await {
+            Err(_) => break "given up".to_owned(),
+            Ok(Some(Ok(e))) => seen.push(e),
+            Ok(Some(Err(e))) => break error_name(&e),
+            Ok(None) => panic!("the subscription ended well under a partition"),
+        }
+    };
+    drop(events);
+    let last = seen.last().unwrap().seq;
+    trace.event(format!(
+        "caller: subscription ended ({how}) after seq {last}"
+    ));
+    assert!(
+        !seen.last().unwrap().state.is_final(),
+        "the task outlasts the cut"
+    );
+
+    let length = Duration::from_millis(rng.random_range(8_000..14_000));
+    let since = turmoil::sim_elapsed()
+        .unwrap_or_default()
+        .saturating_sub(cut_sim);
+    tokio::time::sleep(length.saturating_sub(since)).await;
+    cut.heal();
+    let heal_sim = turmoil::sim_elapsed().unwrap_or_default();
+    trace.event("heal");
+    // The task ran on meanwhile, on the node, without its caller.
+    let during = lock(&lock(&slot).jobs.0)
+        .iter()
+        .filter(|t| **t > cut_sim && **t < heal_sim)
+        .count();
+    let written = lock(&lock(&slot).jobs.0).len();
+    trace.event(format!(
+        "node: {during} steps written during the cut, {written} of {} by the heal",
+        args.n
+    ));
+    assert!(during > 0, "the task ran on during the cut");
+
+    // Dialled again: the subscription resumed from the last seq plus 1.
+    let peer = dial(&cp, node_id, &trace).await;
+    let task = peer.task::<u64>(task.id());
+    let mut events = tokio::time::timeout(Duration::from_secs(10), task.events(last + 1))
+        .await
+        .expect("the subscription opens again")
+        .unwrap();
+    let mut resumed = Vec::new();
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(30), events.next())
+        .await
+        .expect("events flow after the heal")
+    {
+        resumed.push(e.unwrap());
+    }
+    trace.event(format!(
+        "caller: resumed from seq {}, {} more events",
+        last + 1,
+        resumed.len()
+    ));
+    let all: Vec<&TaskEvent> = seen.iter().chain(&resumed).collect();
+    for (n, e) in (1..).zip(&all) {
+        assert_eq!(e.seq, n, "every event once, in order");
+    }
+    let steps: Vec<u64> = all
+        .iter()
+        .filter(|e| e.kind == TaskEventKind::Progress)
+        .map(|e| e.body.decode().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=args.n).collect::<Vec<_>>(), "each step once");
+    let end = all.last().unwrap();
+    assert_eq!(
+        (end.kind, end.state),
+        (TaskEventKind::Result, TaskState::Completed)
+    );
+    assert_eq!(task.result().await.unwrap(), args.n);
+    trace.event(format!("result after {} events", all.len()));
+}
+
+// ---------------------------------------------------------------------------
 // The tests.
 // ---------------------------------------------------------------------------
 
@@ -1558,20 +1739,32 @@ fn a_partition_mid_stream_ends_it_on_both_sides() {
 }
 
 #[test]
+fn a_partition_mid_task_loses_no_event() {
+    // Each kind of cut: both ways, one way each way.
+    for seed in 0..3 {
+        let trace = partition_mid_task(seed);
+        verbose(&trace);
+    }
+}
+
+#[test]
 fn seed_sweep() {
     for seed in seeds() {
         let started = std::time::Instant::now();
         let a = partition_and_heal(seed);
         let b = crash_and_retry(seed, None);
         let c = partition_mid_stream(seed);
+        let d = partition_mid_task(seed);
         verbose(&a);
         verbose(&b);
         verbose(&c);
+        verbose(&d);
         eprintln!(
-            "seed {seed}: {} + {} + {} events in {:?}",
+            "seed {seed}: {} + {} + {} + {} events in {:?}",
             a.len(),
             b.len(),
             c.len(),
+            d.len(),
             started.elapsed()
         );
     }
@@ -1604,6 +1797,12 @@ fn the_same_seed_gives_the_same_trace() {
         assert_eq!(
             first, second,
             "partition_mid_stream: seed {seed} ran two ways"
+        );
+        let first = partition_mid_task(seed);
+        let second = partition_mid_task(seed);
+        assert_eq!(
+            first, second,
+            "partition_mid_task: seed {seed} ran two ways"
         );
     }
 }

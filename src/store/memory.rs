@@ -81,11 +81,21 @@ impl Store for MemoryStore {
         for id in &batch.del_tasks {
             events.retain(|(t, _), _| t != id);
         }
-        for (id, below) in &batch.fold_task_events {
-            events.retain(|(t, seq), _| t != id || seq >= below);
-        }
         for (id, e) in &batch.put_task_events {
             events.insert((id.clone(), e.seq), e.clone());
+        }
+        // After the puts: a fold may reach events put in this batch.
+        for (id, from, to) in &batch.fold_task_events {
+            if from >= to {
+                continue;
+            }
+            let gone: Vec<_> = events
+                .range((id.clone(), *from)..(id.clone(), *to))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in gone {
+                events.remove(&k);
+            }
         }
         let mut args = self.args.lock().unwrap_or_else(PoisonError::into_inner);
         for id in &batch.del_tasks {

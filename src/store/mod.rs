@@ -62,8 +62,9 @@ pub(crate) struct Batch {
     pub(crate) del_tasks: Vec<Vec<u8>>,
     /// Events, each with its task's id.
     pub(crate) put_task_events: Vec<(Vec<u8>, TaskEventRecord)>,
-    /// Events of a task deleted below a seq (folded away): (id, below).
-    pub(crate) fold_task_events: Vec<(Vec<u8>, u64)>,
+    /// Events of a task folded away: (id, from, to) deletes those with
+    /// `from <= seq < to`. Applied after the batch's puts of events.
+    pub(crate) fold_task_events: Vec<(Vec<u8>, u64, u64)>,
     /// The revocations, replaced whole.
     pub(crate) revocations: Option<RevocationsRecord>,
 }

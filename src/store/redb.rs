@@ -430,12 +430,16 @@ impl Store for RedbStore {
                     let (from, to) = (event_key(id, 0), event_key(id, u64::MAX));
                     table.retain_in(from.as_slice()..=to.as_slice(), |_, _| false)?;
                 }
-                for (id, below) in &batch.fold_task_events {
-                    let (from, to) = (event_key(id, 0), event_key(id, *below));
-                    table.retain_in(from.as_slice()..to.as_slice(), |_, _| false)?;
-                }
                 for (key, value) in &events {
                     table.insert(key.as_slice(), value.as_slice())?;
+                }
+                // After the puts: a fold may reach events put in this batch.
+                for (id, from, to) in &batch.fold_task_events {
+                    if from >= to {
+                        continue;
+                    }
+                    let (from, to) = (event_key(id, *from), event_key(id, *to));
+                    table.retain_in(from.as_slice()..to.as_slice(), |_, _| false)?;
                 }
                 let mut table = txn.open_table(TASK_ARGS)?;
                 for id in &batch.del_tasks {

@@ -665,3 +665,359 @@ fn the_directory_and_its_files_are_private() {
     assert_eq!(mode(&dir.join(KEY_FILE)), 0o600);
     assert_eq!(mode(&dir.join(STORE_FILE)), 0o600);
 }
+
+// ---------------------------------------------------------------------
+// Tasks: records, args, events and folding, in both stores.
+
+mod tasks {
+    use capwire_envelope::{ErrorBody, ErrorCode};
+    use capwire_manifest::{TaskEventKind, TaskState};
+
+    use super::super::{TaskEventRecord, TaskRecord};
+    use super::*;
+    use crate::tasks::table::{Change, TaskId, TaskLimits, TaskTable};
+
+    /// Stores by name.
+    type Named = Vec<(&'static str, Box<dyn Store>)>;
+
+    /// A redb store in a fresh directory and a memory store, by name.
+    fn both() -> (tempfile::TempDir, Named) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (redb, _) = open_store(&tmp.path().join(STORE_FILE));
+        let stores: Vec<(&'static str, Box<dyn Store>)> = vec![
+            ("redb", Box::new(redb)),
+            ("memory", Box::new(MemoryStore::new())),
+        ];
+        (tmp, stores)
+    }
+
+    fn task(n: u8, seq: u64, state: TaskState) -> TaskRecord {
+        TaskRecord {
+            id: vec![n; 16],
+            cap: "app.x".into(),
+            verb: "go".into(),
+            submitter: id(n),
+            req_id: format!("r{n}"),
+            state,
+            created_ms: 1_000,
+            updated_ms: 1_000 + seq,
+            seq,
+            first_seq: 1,
+            order: u64::from(n),
+            question_seq: None,
+            progress_seq: None,
+            error: (state == TaskState::Failed)
+                .then(|| ErrorBody::new(ErrorCode::Internal, "it broke")),
+        }
+    }
+
+    fn event(seq: u64) -> TaskEventRecord {
+        TaskEventRecord {
+            seq,
+            at_ms: 2_000 + seq,
+            state: TaskState::Working,
+            kind: TaskEventKind::Progress,
+            body: vec![0x19, 0x01, seq as u8],
+        }
+    }
+
+    fn events(n: u8, seqs: impl IntoIterator<Item = u64>) -> Vec<(Vec<u8>, TaskEventRecord)> {
+        seqs.into_iter().map(|s| (vec![n; 16], event(s))).collect()
+    }
+
+    fn seqs(store: &dyn Store, n: u8) -> Vec<u64> {
+        store
+            .task_events(&[n; 16], 0, usize::MAX)
+            .expect("events")
+            .into_iter()
+            .map(|e| e.seq)
+            .collect()
+    }
+
+    fn sorted(mut tasks: Vec<TaskRecord>) -> Vec<TaskRecord> {
+        tasks.sort_by(|a, b| a.id.cmp(&b.id));
+        tasks
+    }
+
+    #[test]
+    fn task_records_args_and_events_round_trip_and_survive_reopening() {
+        let (tmp, stores) = both();
+        let records = vec![
+            task(1, 3, TaskState::Working),
+            task(2, 5, TaskState::Failed),
+        ];
+        let mut put_task_events = events(1, 1..=3);
+        put_task_events.extend(events(2, 1..=5));
+        let batch = Batch {
+            put_tasks: records.clone(),
+            put_task_args: vec![(vec![1; 16], vec![0x61, b'a']), (vec![2; 16], vec![0xf6])],
+            put_task_events,
+            ..Batch::default()
+        };
+        for (name, store) in &stores {
+            store.commit(&batch).expect("commit");
+            let loaded = store.load().expect("load");
+            assert_eq!(sorted(loaded.tasks), records, "{name}: records");
+            assert_eq!(
+                store.task_events(&[1; 16], 1, 10).unwrap(),
+                vec![event(1), event(2), event(3)],
+                "{name}"
+            );
+            assert_eq!(
+                seqs(&**store, 2),
+                [1, 2, 3, 4, 5],
+                "{name}: another task's own"
+            );
+            // From and limit: a window of the log, in order.
+            let window: Vec<u64> = store
+                .task_events(&[2; 16], 2, 2)
+                .unwrap()
+                .into_iter()
+                .map(|e| e.seq)
+                .collect();
+            assert_eq!(window, [2, 3], "{name}: from 2, at most 2");
+            assert!(
+                store.task_events(&[2; 16], 6, 10).unwrap().is_empty(),
+                "{name}"
+            );
+            assert!(
+                store.task_events(&[3; 16], 0, 10).unwrap().is_empty(),
+                "{name}"
+            );
+            assert_eq!(
+                store.task_args(&[1; 16]).unwrap(),
+                Some(vec![0x61, b'a']),
+                "{name}"
+            );
+            assert_eq!(store.task_args(&[3; 16]).unwrap(), None, "{name}");
+        }
+        drop(stores);
+        let (store, _) = open_store(&tmp.path().join(STORE_FILE));
+        assert_eq!(
+            sorted(store.load().unwrap().tasks),
+            records,
+            "after reopening"
+        );
+        assert_eq!(seqs(&store, 1), [1, 2, 3]);
+        assert_eq!(store.task_args(&[2; 16]).unwrap(), Some(vec![0xf6]));
+    }
+
+    #[test]
+    fn a_deleted_task_takes_its_args_and_events_and_nothing_else() {
+        let (_tmp, stores) = both();
+        for (name, store) in &stores {
+            let mut put_task_events = events(1, 1..=4);
+            put_task_events.extend(events(2, 1..=2));
+            store
+                .commit(&Batch {
+                    put_tasks: vec![
+                        task(1, 4, TaskState::Completed),
+                        task(2, 2, TaskState::Working),
+                    ],
+                    put_task_args: vec![(vec![1; 16], vec![0x01]), (vec![2; 16], vec![0x02])],
+                    put_task_events,
+                    ..Batch::default()
+                })
+                .unwrap();
+            store
+                .commit(&Batch {
+                    del_tasks: vec![vec![1; 16], vec![9; 16]],
+                    ..Batch::default()
+                })
+                .unwrap();
+            let loaded = store.load().unwrap();
+            assert_eq!(loaded.tasks, vec![task(2, 2, TaskState::Working)], "{name}");
+            assert!(seqs(&**store, 1).is_empty(), "{name}: its events");
+            assert_eq!(store.task_args(&[1; 16]).unwrap(), None, "{name}: its args");
+            assert_eq!(seqs(&**store, 2), [1, 2], "{name}: the other task's events");
+            assert_eq!(
+                store.task_args(&[2; 16]).unwrap(),
+                Some(vec![0x02]),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fold_in_the_same_write_as_new_events_applies_after_them() {
+        let (_tmp, stores) = both();
+        for (name, store) in &stores {
+            store
+                .commit(&Batch {
+                    put_tasks: vec![
+                        task(1, 3, TaskState::Working),
+                        task(2, 3, TaskState::Working),
+                    ],
+                    put_task_events: [events(1, 1..=3), events(2, 1..=3)].concat(),
+                    ..Batch::default()
+                })
+                .unwrap();
+            // Seven more events of task 1 in one write, which also folds
+            // away all but the newest four, keeping event 2 (say, the
+            // last progress), and never touches task 2.
+            store
+                .commit(&Batch {
+                    put_task_events: events(1, 4..=10),
+                    fold_task_events: vec![(vec![1; 16], 1, 2), (vec![1; 16], 3, 7)],
+                    ..Batch::default()
+                })
+                .unwrap();
+            assert_eq!(
+                seqs(&**store, 1),
+                [2, 7, 8, 9, 10],
+                "{name}: the kept events"
+            );
+            assert_eq!(
+                seqs(&**store, 2),
+                [1, 2, 3],
+                "{name}: another task's events"
+            );
+            // The kept one is read as any other.
+            let kept = store.task_events(&[1; 16], 2, 1).unwrap();
+            assert_eq!(kept, vec![event(2)], "{name}");
+            // Empty and reversed ranges delete nothing.
+            store
+                .commit(&Batch {
+                    fold_task_events: vec![(vec![1; 16], 8, 8), (vec![1; 16], 10, 7)],
+                    ..Batch::default()
+                })
+                .unwrap();
+            assert_eq!(seqs(&**store, 1), [2, 7, 8, 9, 10], "{name}");
+        }
+    }
+
+    fn limits() -> TaskLimits {
+        TaskLimits {
+            max_tasks: 10,
+            max_per_sender: 10,
+            max_events: 4,
+            max_body: 1024,
+            retention_ms: 1000,
+        }
+    }
+
+    /// Appends `kind` (in `state`) to task `t` in `table`, into `change`.
+    fn append(
+        table: &mut TaskTable,
+        t: TaskId,
+        kind: TaskEventKind,
+        state: TaskState,
+        body: u8,
+        change: &mut Change,
+    ) -> TaskRecord {
+        table
+            .append(&limits(), &t, kind, state, vec![body], None, 10, change)
+            .expect("the task takes the event")
+    }
+
+    /// What the task service writes, committed to both stores as it
+    /// decides: many events of one task in one write (as a round of the
+    /// service writes them), past `max_task_events`.
+    #[test]
+    fn the_events_a_round_folds_are_the_ones_the_record_no_longer_keeps() {
+        use TaskEventKind as K;
+        use TaskState as S;
+        let (_tmp, stores) = both();
+        let t = TaskId([7; 16]);
+        let mut table = TaskTable::default();
+        let mut change = Change::default();
+        table
+            .submit(
+                &limits(),
+                t,
+                id(1),
+                "r1",
+                "app.x",
+                "go",
+                vec![0xf6],
+                0,
+                &mut change,
+            )
+            .unwrap();
+        let write = |change: Change| {
+            for (name, store) in &stores {
+                store
+                    .commit(&change.batch)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        };
+        write(std::mem::take(&mut change));
+        // One round: working, then ten progress events (a handler's
+        // clones report at once): only the newest four stay.
+        append(&mut table, t, K::State, S::Working, 0, &mut change);
+        let mut r = None;
+        for n in 1..=10 {
+            r = Some(append(
+                &mut table,
+                t,
+                K::Progress,
+                S::Working,
+                n,
+                &mut change,
+            ));
+        }
+        let r = r.unwrap();
+        assert_eq!((r.seq, r.first_seq, r.progress_seq), (12, 9, Some(12)));
+        write(std::mem::take(&mut change));
+        for (name, store) in &stores {
+            assert_eq!(
+                seqs(&**store, 7),
+                [9, 10, 11, 12],
+                "{name}: the newest four"
+            );
+            let loaded = store.load().unwrap();
+            assert_eq!(
+                loaded.tasks,
+                vec![r.clone()],
+                "{name}: the record as decided"
+            );
+        }
+        // Questions and answers push the last progress (12) below the
+        // oldest kept: it stays, for the info, until another replaces it.
+        for n in 0..3 {
+            append(&mut table, t, K::Question, S::InputRequired, n, &mut change);
+            append(&mut table, t, K::Answer, S::Working, n, &mut change);
+        }
+        let q = append(&mut table, t, K::Question, S::InputRequired, 9, &mut change);
+        assert_eq!(
+            (q.seq, q.first_seq, q.progress_seq, q.question_seq),
+            (19, 16, Some(12), Some(19))
+        );
+        write(std::mem::take(&mut change));
+        for (name, store) in &stores {
+            assert_eq!(seqs(&**store, 7), [12, 16, 17, 18, 19], "{name}");
+            let last = store.task_events(&[7; 16], 12, 1).unwrap();
+            assert_eq!(
+                (last[0].kind, last[0].body.clone()),
+                (K::Progress, vec![10]),
+                "{name}"
+            );
+        }
+        // Progress while the question waits (a clone of the handler's
+        // task): the question is kept below the window, the old progress
+        // goes.
+        for n in 20..=24 {
+            append(&mut table, t, K::Progress, S::InputRequired, n, &mut change);
+        }
+        write(std::mem::take(&mut change));
+        for (name, store) in &stores {
+            assert_eq!(seqs(&**store, 7), [19, 21, 22, 23, 24], "{name}");
+        }
+        // The answer ends the wait: the question goes with the window.
+        let a = append(&mut table, t, K::Answer, S::Working, 1, &mut change);
+        let done = append(&mut table, t, K::Result, S::Completed, 2, &mut change);
+        assert_eq!((a.question_seq, done.first_seq), (None, 23));
+        write(std::mem::take(&mut change));
+        for (name, store) in &stores {
+            // The newest four, and nothing older: the question was
+            // answered and the last progress is in the window.
+            assert_eq!(seqs(&**store, 7), [23, 24, 25, 26], "{name}");
+            let events = store.task_events(&[7; 16], 0, usize::MAX).unwrap();
+            assert_eq!(
+                events.last().unwrap().kind,
+                K::Result,
+                "{name}: the final event stays"
+            );
+        }
+    }
+}

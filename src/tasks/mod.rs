@@ -172,7 +172,12 @@ struct Run {
     cancel: CancellationToken,
     /// The handler waits for an answer here.
     answer: Option<oneshot::Sender<RawValue>>,
+    /// Whether an answer fits the type the handler asked for.
+    fits: Option<AnswerCheck>,
 }
+
+/// Tells whether an answer decodes to the type a question asked for.
+pub(crate) type AnswerCheck = fn(&RawValue) -> Result<(), String>;
 
 /// The node's tasks.
 pub(crate) struct TaskService {
@@ -352,11 +357,13 @@ impl TaskService {
 
     /// Waits for the answer to the question the handler of `id` is about
     /// to ask (registered before the question is written, so no answer is
-    /// missed).
-    pub(crate) fn answer_slot(&self, id: TaskId) -> oneshot::Receiver<RawValue> {
+    /// missed). An answer that `fits` refuses is answered `bad_args`, and
+    /// the question still waits.
+    pub(crate) fn answer_slot(&self, id: TaskId, fits: AnswerCheck) -> oneshot::Receiver<RawValue> {
         let (tx, rx) = oneshot::channel();
         if let Some(run) = lock(&self.runs).get_mut(&id) {
             run.answer = Some(tx);
+            run.fits = Some(fits);
         }
         rx
     }
@@ -774,6 +781,17 @@ impl TaskService {
                     return;
                 }
                 let value = RawValue::from_slice(&answer).unwrap_or_else(|_| RawValue::null());
+                // An answer the handler could not take is refused before it
+                // is written: the question still waits for one it can.
+                let fits = lock(&self.runs).get(&id).and_then(|r| r.fits);
+                if let Some(Err(e)) = fits.map(|fits| fits(&value)) {
+                    let e = ErrorBody::new(
+                        ErrorCode::BadArgs,
+                        format!("the answer does not fit the question: {e}"),
+                    );
+                    done.push(Done::Unit(reply, Err(e)));
+                    return;
+                }
                 let r = staged
                     .append(
                         limits,
@@ -921,6 +939,7 @@ impl TaskService {
             Run {
                 cancel: cancel.clone(),
                 answer: None,
+                fits: None,
             },
         );
         let task = crate::task::Task::new(id, me.clone(), cancel.clone(), resumed);

@@ -283,6 +283,7 @@ impl TaskTable {
         if full.state.is_final() {
             return None;
         }
+        let (old_first, old_kept) = (full.first_seq, [full.progress_seq, full.question_seq]);
         let seq = full.seq + 1;
         match kind {
             TaskEventKind::Progress => full.progress_seq = Some(seq),
@@ -298,15 +299,18 @@ impl TaskTable {
         full.state = state;
         full.seq = seq;
         full.updated_ms = now;
-        // Past the bound, the oldest events go (the record keeps the last
-        // progress, the question and the result; the final event is the
-        // newest, so it always stays).
+        // Past the bound, the oldest events go, but for the last progress
+        // and the question waited on, which the info shows until they are
+        // replaced (the final event is the newest, so it always stays).
         if seq - full.first_seq + 1 > limits.max_events {
             full.first_seq = seq + 1 - limits.max_events;
+        }
+        let kept = [full.progress_seq, full.question_seq];
+        for (from, to) in fold_ranges(old_first, full.first_seq, old_kept, kept) {
             change
                 .batch
                 .fold_task_events
-                .push((full.id.clone(), full.first_seq));
+                .push((full.id.clone(), from, to));
         }
         let event = TaskEventRecord {
             seq,
@@ -361,6 +365,42 @@ impl TaskTable {
         }
         old.len()
     }
+}
+
+/// The events to delete when the oldest kept goes from `old_first` to
+/// `first`, as ranges `[from, to)`: those in between but for the ones
+/// `kept` now, and those kept before below `old_first` that are `kept` no
+/// more.
+fn fold_ranges(
+    old_first: u64,
+    first: u64,
+    old_kept: [Option<u64>; 2],
+    kept: [Option<u64>; 2],
+) -> Vec<(u64, u64)> {
+    let keeps = |s: u64| kept.contains(&Some(s));
+    let mut out: Vec<(u64, u64)> = old_kept
+        .into_iter()
+        .flatten()
+        .filter(|s| *s < old_first && !keeps(*s))
+        .map(|s| (s, s + 1))
+        .collect();
+    let mut stay: Vec<u64> = kept
+        .into_iter()
+        .flatten()
+        .filter(|s| (old_first..first).contains(s))
+        .collect();
+    stay.sort_unstable();
+    let mut from = old_first;
+    for s in stay {
+        if from < s {
+            out.push((from, s));
+        }
+        from = s + 1;
+    }
+    if from < first {
+        out.push((from, first));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -2,13 +2,21 @@
 //! its runs, so an attack can assert that nothing ran; the controller verb
 //! also checks, while it runs, that its sender really is the bound control
 //! plane. The stream verb `gen` counts its items and how each stream
-//! ended, so an attack can tell what the node's handler saw.
+//! ended, so an attack can tell what the node's handler saw. The task
+//! verbs (`chores`, `wait`, `quiz`, `big`) count their handlers' starts
+//! and ends apart from `runs` (a task's handler starts after its submit is
+//! answered, and a task cancelled at once may never start it): the task
+//! attacks check those counts themselves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
 use capwire::manifest::verb;
-use capwire::{Capability, HandlerError, Items, Meta, NodeHandle, Sender, State, StreamClosed};
+use capwire::{
+    Capability, HandlerError, Items, Meta, NodeHandle, Sender, State, StreamClosed, Task,
+};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +45,36 @@ verb! {
     /// A stream (protocol 2) of the items 0, 1, 2, ... up to (not
     /// including) the number asked for, as fast as credit allows.
     pub struct Gen: stream "app.adv" / "gen", Bootstrap, u32 => u32;
+}
+
+verb! {
+    /// A task (protocol 2) that reports the progress 1, 2, ... up to the
+    /// number asked for, and answers that number.
+    pub struct Chores: task "app.adv" / "chores", Bootstrap, u32 => u32;
+}
+verb! {
+    /// A task that waits until the test releases it, or it is cancelled.
+    pub struct Wait: task "app.adv" / "wait", Bootstrap, () => ();
+}
+verb! {
+    /// A task that reports the progress `"started"`, then asks this many
+    /// questions (`"question N"`, each answered with a number), and
+    /// answers the sum of the answers.
+    pub struct Quiz: task "app.adv" / "quiz", Bootstrap, u32 => u32;
+}
+verb! {
+    /// A task that reports a progress of `progress` bytes (when not 0),
+    /// then answers a text of `result` bytes.
+    pub struct Big: task "app.adv" / "big", Bootstrap, BigArgs => String;
+}
+
+/// Args of `big`; `pad` only makes them longer.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, capwire::JsonSchema)]
+#[schemars(crate = "capwire::schemars")]
+pub struct BigArgs {
+    pub progress: u32,
+    pub result: u32,
+    pub pad: String,
 }
 
 /// `gen` asked for this many items: it never ends on its own.
@@ -69,6 +107,12 @@ pub struct Tally {
     pub tokens: Mutex<Vec<CancellationToken>>,
     /// Each permit lets one `hold` handler return.
     pub release: Semaphore,
+    /// Task handlers that started, and whose futures ended (returned or
+    /// dropped); not in `runs`.
+    pub task_started: AtomicU64,
+    pub task_ended: AtomicU64,
+    /// Each permit lets one `wait` task end.
+    pub release_tasks: Semaphore,
 }
 
 impl Default for Tally {
@@ -88,6 +132,9 @@ impl Default for Tally {
             hold_ended: AtomicU64::new(0),
             tokens: Mutex::new(Vec::new()),
             release: Semaphore::new(0),
+            task_started: AtomicU64::new(0),
+            task_ended: AtomicU64::new(0),
+            release_tasks: Semaphore::new(0),
         }
     }
 }
@@ -185,6 +232,60 @@ async fn generate(
     Ok(())
 }
 
+/// Counts a task handler's start, and its end however it ends.
+struct TaskRun(Shared);
+
+impl TaskRun {
+    fn start(t: &Shared) -> Self {
+        t.task_started.fetch_add(1, Ordering::SeqCst);
+        Self(t.clone())
+    }
+}
+
+impl Drop for TaskRun {
+    fn drop(&mut self) {
+        self.0.task_ended.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn chores(n: u32, task: Task, State(t): State<Shared>) -> Result<u32, HandlerError> {
+    let _run = TaskRun::start(&t);
+    for i in 1..=n {
+        task.progress(&i).await?;
+    }
+    Ok(n)
+}
+
+async fn wait(_: (), task: Task, State(t): State<Shared>) -> Result<(), HandlerError> {
+    let _run = TaskRun::start(&t);
+    tokio::select! {
+        p = t.release_tasks.acquire() => p.expect("never closed").forget(),
+        () = task.cancelled() => {}
+    }
+    Ok(())
+}
+
+async fn quiz(rounds: u32, task: Task, State(t): State<Shared>) -> Result<u32, HandlerError> {
+    let _run = TaskRun::start(&t);
+    task.progress("started").await?;
+    let mut sum = 0u32;
+    for i in 0..rounds {
+        let a: u32 = task
+            .ask(&format!("question {i}"), Duration::from_secs(60))
+            .await?;
+        sum = sum.saturating_add(a);
+    }
+    Ok(sum)
+}
+
+async fn big(args: BigArgs, task: Task, State(t): State<Shared>) -> Result<String, HandlerError> {
+    let _run = TaskRun::start(&t);
+    if args.progress > 0 {
+        task.progress(&"p".repeat(args.progress as usize)).await?;
+    }
+    Ok("r".repeat(args.result as usize))
+}
+
 /// `app.adv` 1.0.0 with every verb above.
 pub fn capability() -> Capability {
     Capability::new("app.adv", "1.0.0")
@@ -195,4 +296,8 @@ pub fn capability() -> Capability {
         .handle(Hold, hold)
         .handle(Blob, blob)
         .stream(Gen, generate)
+        .task(Chores, chores)
+        .task(Wait, wait)
+        .task(Quiz, quiz)
+        .task(Big, big)
 }

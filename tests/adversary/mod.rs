@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod linger;
 pub mod records;
 pub mod streams;
+pub mod tasks;
 
 use std::time::Duration;
 
