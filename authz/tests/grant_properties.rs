@@ -147,8 +147,13 @@ proptest! {
             let mut h = 0usize;
             let mut reused = false;
             for s in &steps {
-                if let Step::HandOn { by, to } = s {
-                    if *by == h { if !seen.insert(h) { reused = true; } h = *to; }
+                if let Step::HandOn { by, to } = s
+                    && *by == h
+                {
+                    if !seen.insert(h) {
+                        reused = true;
+                    }
+                    h = *to;
                 }
             }
             reused

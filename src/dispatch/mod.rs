@@ -141,6 +141,7 @@ impl Dispatcher {
     /// # Errors
     /// A handler whose extractors cannot work with `extensions` (for
     /// example a `State<T>` the node was not given), in words.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         registry: Arc<Registry<RouteHandler>>,
         gate: Gate,
