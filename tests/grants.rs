@@ -458,3 +458,65 @@ async fn a_protocol_1_session_has_no_grants() {
         ErrorCode::UnknownVerb
     );
 }
+
+#[tokio::test]
+async fn costly_tokens_and_floods_of_presentations_stay_bounded() {
+    use biscuit_auth::UnverifiedBiscuit;
+    use biscuit_auth::builder::BlockBuilder;
+    let t = three(listening("agent-1")).await;
+    let token = grant(
+        &t,
+        vec![Right::cap("core.configuration")],
+        Duration::from_secs(600),
+    )
+    .await;
+    // The holder appends a block whose rules would blow up: refused
+    // before anything is evaluated, and the node serves on.
+    let mut code = String::new();
+    for i in 0..60 {
+        code.push_str(&format!("n({i});"));
+    }
+    code.push_str("p($x, $y, $z) <- n($x), n($y), n($z); check if p(1, 2, 3);");
+    let heavy = UnverifiedBiscuit::from_base64(&token)
+        .unwrap()
+        .append(BlockBuilder::new().code(code).unwrap())
+        .unwrap()
+        .to_base64()
+        .unwrap();
+    let body = remote(t.from_worker.present(&heavy).await);
+    assert_eq!(reason(&body), "bad_token");
+    assert!(body.message.contains("rule"), "{}", body.message);
+
+    // A flood: 300 presentations at once, garbage and valid mixed; each
+    // gets its answer, and the node keeps at most 4 tokens per holder.
+    let mut calls = Vec::new();
+    for i in 0..300 {
+        let p = t.from_worker.clone();
+        let tok = if i % 3 == 0 {
+            token.clone()
+        } else {
+            format!("garbage-{i}")
+        };
+        calls.push(tokio::spawn(async move { p.present(&tok).await }));
+    }
+    let mut kept = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            Ok(_) => kept += 1,
+            Err(CallError::Denied(_) | CallError::Remote(_) | CallError::Overloaded) => {}
+            Err(e) => panic!("unexpected: {e:?}"),
+        }
+    }
+    assert!(kept > 0);
+    let stats = t.b.node.stats();
+    assert_eq!(stats.grant_holders, 1);
+    t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
+    assert!(
+        stats
+            .grants_refused
+            .iter()
+            .any(|(r, n)| *r == "bad_token" && *n >= 100),
+        "{:?}",
+        stats.grants_refused
+    );
+}

@@ -714,6 +714,7 @@ fn verify_inner(
     if token.block_count() > GRANT_MAX_BLOCKS {
         return Err(GrantDenied::BadToken("more than 8 blocks"));
     }
+    shape(&token)?;
     let revocation_ids = token.revocation_identifiers();
     if revocation_ids.iter().any(|id| revoked(id)) {
         return Err(GrantDenied::Revoked);
@@ -817,6 +818,45 @@ fn verify_inner(
         expires,
         dates,
     })
+}
+
+/// What a block after the authority block may hold: checks, and the one
+/// fact of a hand-over, so that evaluating them is cheap whatever they
+/// say (a rule, or a check joining many predicates, could cost more
+/// than any bound within one round of evaluation).
+const MAX_BLOCK_FACTS: usize = 2;
+const MAX_BLOCK_CHECKS: usize = 8;
+const MAX_CHECK_QUERIES: usize = 4;
+const MAX_QUERY_PREDICATES: usize = 2;
+const MAX_QUERY_OPS: usize = 32;
+
+fn shape(token: &Biscuit) -> Result<(), GrantDenied> {
+    for i in 1..token.block_count() {
+        let source = token
+            .print_block_source(i)
+            .map_err(|_| GrantDenied::BadToken("a block does not print"))?;
+        let block = BlockBuilder::new()
+            .code(&source)
+            .map_err(|_| GrantDenied::BadToken("a block does not parse"))?;
+        if !block.rules.is_empty() {
+            return Err(GrantDenied::BadToken("a narrowing block holds a rule"));
+        }
+        if block.facts.len() > MAX_BLOCK_FACTS || block.checks.len() > MAX_BLOCK_CHECKS {
+            return Err(GrantDenied::BadToken("a narrowing block holds too much"));
+        }
+        for check in &block.checks {
+            if check.queries.len() > MAX_CHECK_QUERIES {
+                return Err(GrantDenied::BadToken("a check has too many alternatives"));
+            }
+            for q in &check.queries {
+                let ops: usize = q.expressions.iter().map(|e| e.ops.len()).sum();
+                if q.body.len() > MAX_QUERY_PREDICATES || ops > MAX_QUERY_OPS {
+                    return Err(GrantDenied::BadToken("a check is too complex"));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn authority_expiry(token: &Biscuit) -> Option<SystemTime> {
