@@ -100,7 +100,8 @@ impl<'r, H> Permit<'r, H> {
     /// # Errors
     /// [`Unauthorized::BindingChanged`] for a controller verb when the
     /// binding epoch differs from the one the permit was granted under, or
-    /// the sender is no longer the bound control plane. Bootstrap permits
+    /// the sender is no longer the bound control plane (a permit a grant
+    /// let through holds while the epoch is the same). Bootstrap permits
     /// always hold.
     pub fn recheck(&self, binding: &Binding) -> Result<(), DenyReason> {
         recheck(

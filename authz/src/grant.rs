@@ -416,15 +416,17 @@ fn date_term(t: SystemTime) -> Term {
     )
 }
 
-fn checked(token: &Biscuit) -> Result<String, GrantError> {
-    if token.block_count() > GRANT_MAX_BLOCKS {
-        return Err(GrantError::TooLarge);
-    }
-    let text = token.to_base64()?;
-    if text.len() > GRANT_MAX_TOKEN {
+/// A token's text, if it is within the bounds a node accepts.
+fn within_bounds(blocks: usize, text: Result<String, Token>) -> Result<String, GrantError> {
+    let text = text?;
+    if blocks > GRANT_MAX_BLOCKS || text.len() > GRANT_MAX_TOKEN {
         return Err(GrantError::TooLarge);
     }
     Ok(text)
+}
+
+fn checked(token: &Biscuit) -> Result<String, GrantError> {
+    within_bounds(token.block_count(), token.to_base64())
 }
 
 /// Mints a token: the authority block, signed with the control plane's
@@ -523,14 +525,7 @@ fn unverified(token: &str) -> Result<UnverifiedBiscuit, GrantError> {
 }
 
 fn unverified_text(token: &UnverifiedBiscuit) -> Result<String, GrantError> {
-    if token.block_count() > GRANT_MAX_BLOCKS {
-        return Err(GrantError::TooLarge);
-    }
-    let text = token.to_base64()?;
-    if text.len() > GRANT_MAX_TOKEN {
-        return Err(GrantError::TooLarge);
-    }
-    Ok(text)
+    within_bounds(token.block_count(), token.to_base64())
 }
 
 /// A narrower copy of `token` for the same holder: a block of checks
