@@ -530,7 +530,7 @@ impl Peer {
                 .unwrap_or(u64::MAX)
         });
         let frame = encode(&req_id, budget).map_err(|e| CallError::Encode(e.to_string()))?;
-        self.peers.tap().record(Way::Out, &self.id, &frame);
+        self.peers.tap().record(Way::Out, &self.id, &frame, None);
         let sink = session
             .open_stream(req_id.clone(), frame, defaults.window, open_by)
             .await
@@ -661,7 +661,7 @@ impl Peer {
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
         let frame = encode(req_id, budget_ms).map_err(|e| CallError::Encode(e.to_string()))?;
-        self.peers.tap().record(Way::Out, &self.id, &frame);
+        self.peers.tap().record(Way::Out, &self.id, &frame, None);
         let rx = session
             .call(req_id.clone(), frame, deadline_at)
             .await
@@ -733,7 +733,7 @@ impl Peer {
         let deadline_at = deadline_after(deadline);
         let session = self.session(deadline_at).await?;
         let frame = encode().map_err(|e| CallError::Encode(e.to_string()))?;
-        self.peers.tap().record(Way::Out, &self.id, &frame);
+        self.peers.tap().record(Way::Out, &self.id, &frame, None);
         session
             .notify(frame, deadline_at)
             .await

@@ -144,6 +144,7 @@ fn dispatcher_bound(controller: Option<NodeId>) -> Dispatcher {
             max_bytes: 1 << 16,
             body_max: 1 << 10,
         })),
+        Arc::new(capwire_authz::Delegations::default()),
     );
     made.expect("the test dispatcher builds")
 }

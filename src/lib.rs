@@ -173,6 +173,7 @@ pub mod files;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grants;
 pub mod host;
 pub mod identity;
 mod invite;

@@ -346,6 +346,17 @@ pub struct NodeStats {
     /// Task state changes not pushed to the control plane because its
     /// queue was full (counter).
     pub task_pushes_dropped: u64,
+    /// Grant tokens presented and kept (counter, `core.grants`).
+    pub grants_presented: u64,
+    /// Controller calls a grant let through (counter).
+    pub grant_calls: u64,
+    /// Grant presentations and calls refused, by reason (counters:
+    /// `expired`, `revoked`, `wrong_holder`, ...; only reasons seen).
+    pub grants_refused: Vec<(&'static str, u64)>,
+    /// Grant holders with tokens kept, and revocations kept (gauges).
+    pub grant_holders: usize,
+    /// Revocations kept (gauge).
+    pub grant_revocations: usize,
 }
 
 /// The node-wide counters of streams, shared by the sessions' drivers and

@@ -36,6 +36,8 @@ pub(crate) struct Tapped {
     pub(crate) frame: Bytes,
     /// The args' length when they were left out.
     pub(crate) cut: Option<u64>,
+    /// The token that let an inbound controller call through.
+    pub(crate) grant: Option<std::sync::Arc<str>>,
 }
 
 /// Bounds of the tap's queue.
@@ -130,7 +132,13 @@ impl Tap {
     }
 
     /// Takes a copy of `frame`, sent to or received from `peer`.
-    pub(crate) fn record(&self, way: Way, peer: &NodeId, frame: &Bytes) {
+    pub(crate) fn record(
+        &self,
+        way: Way,
+        peer: &NodeId,
+        frame: &Bytes,
+        grant: Option<std::sync::Arc<str>>,
+    ) {
         if !self.on.load(Ordering::Relaxed) {
             return;
         }
@@ -169,6 +177,7 @@ impl Tap {
             at_ms: unix_ms(),
             frame,
             cut,
+            grant,
         });
         drop(q);
         self.ready.notify_one();
@@ -230,11 +239,11 @@ mod tests {
         let t = tap(8);
         let (cp, other) = (NodeId::from_bytes([1; 32]), NodeId::from_bytes([2; 32]));
         let frame = Bytes::from_static(b"x");
-        t.record(Way::In, &other, &frame);
+        t.record(Way::In, &other, &frame, None);
         assert_eq!((t.queued(), t.last_seq()), (0, 0));
         t.set_controller(Some(cp));
-        t.record(Way::In, &cp, &frame);
-        t.record(Way::Out, &other, &frame);
+        t.record(Way::In, &cp, &frame, None);
+        t.record(Way::Out, &other, &frame, None);
         assert_eq!((t.queued(), t.last_seq()), (1, 1));
         let (to, base, item) = t.pop().unwrap();
         assert_eq!(
@@ -250,20 +259,20 @@ mod tests {
         t.set_controller(Some(cp));
         let frame = Bytes::from_static(b"x");
         for _ in 0..5 {
-            t.record(Way::In, &other, &frame);
+            t.record(Way::In, &other, &frame, None);
         }
         assert_eq!(t.queued(), 2);
         assert_eq!(t.copies(), (0, 3));
         assert_eq!(t.pop().unwrap().2.seq, 1);
         assert_eq!(t.pop().unwrap().2.seq, 2);
-        t.record(Way::In, &other, &frame);
+        t.record(Way::In, &other, &frame, None);
         // Seqs 3 to 5 were dropped: the next copy is 6.
         assert_eq!(t.pop().unwrap().2.seq, 6);
-        t.record(Way::In, &other, &frame);
+        t.record(Way::In, &other, &frame, None);
         // Unbinding gives up what was waiting.
         t.set_controller(None);
         assert_eq!(t.copies(), (0, 4));
-        t.record(Way::In, &other, &frame);
+        t.record(Way::In, &other, &frame, None);
         assert!(t.pop().is_none());
     }
 }
@@ -292,7 +301,7 @@ mod big_frames {
             &args,
         )
         .unwrap();
-        t.record(Way::In, &other, &Bytes::from(frame));
+        t.record(Way::In, &other, &Bytes::from(frame), None);
         let (_, _, item) = t.pop().expect("copied although far over the queue's bytes");
         assert_eq!(item.cut, Some(args.len() as u64));
         assert!(item.frame.len() < 64);

@@ -2348,3 +2348,193 @@ fn tasks_list_get_watch_cancel_respond_and_what_a_stranger_sees() {
         "{line}"
     );
 }
+
+/// `ctl identity`'s node id and grant key.
+fn identity(dir: &std::path::Path) -> (String, String) {
+    let r = ctl_ok(dir, &["--json", "identity"]).record();
+    assert_eq!(r["kind"], "identity");
+    (
+        r["node_id"].as_str().unwrap().to_owned(),
+        r["grant_key"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn grant_attenuate_revoke_and_call_with_a_token() {
+    let tmp = tempdir();
+    let cp = tmp.path().join("ctl");
+    let worker = tmp.path().join("worker");
+    let helper = tmp.path().join("helper");
+    let node = NodeProc::start("alpha", &[]);
+    ctl_ok(&cp, &["bind", node.invite(), "--name", "front"]);
+    let (worker_id, worker_key) = identity(&worker);
+    let (helper_id, helper_key) = identity(&helper);
+    assert!(
+        worker_key.starts_with("ed25519/") && worker_key.len() == 72,
+        "{worker_key}"
+    );
+
+    // The control plane grants the worker get_config for ten minutes; the
+    // text output is the token alone.
+    let token = ctl_ok(
+        &cp,
+        &[
+            "grant",
+            "front",
+            "--to",
+            &worker_id,
+            "--to-key",
+            &worker_key,
+            "--verb",
+            "core.configuration/get_config",
+            "--for",
+            "10m",
+        ],
+    )
+    .stdout
+    .trim()
+    .to_owned();
+    assert!(!token.is_empty() && !token.contains(' '), "{token}");
+
+    // Without the token the worker is refused; with it, the call runs.
+    let out = ctl(&worker, &["config", "--peer", node.invite(), "get"]);
+    assert_fails(&out, 3, "unauthorized");
+    let got = ctl_ok(
+        &worker,
+        &[
+            "--json",
+            "call",
+            node.invite(),
+            "core.configuration",
+            "get_config",
+            "--token",
+            &token,
+        ],
+    )
+    .record();
+    assert_eq!(got["value"]["version"], 0);
+    // A verb it does not grant.
+    let out = ctl(
+        &worker,
+        &[
+            "call",
+            node.invite(),
+            "core.configuration",
+            "set_config",
+            "--args",
+            r#"{"value": 1, "if_version": null}"#,
+            "--token",
+            &token,
+        ],
+    );
+    let line = assert_fails(&out, 3, "unauthorized");
+    assert!(line.contains("does not grant"), "{line}");
+
+    // The worker hands a one-minute copy to the helper.
+    let copy = ctl_ok(
+        &worker,
+        &[
+            "attenuate",
+            &token,
+            "--to",
+            &helper_id,
+            "--to-key",
+            &helper_key,
+            "--for",
+            "1m",
+        ],
+    )
+    .stdout
+    .trim()
+    .to_owned();
+    assert_ne!(copy, token);
+    ctl_ok(
+        &helper,
+        &[
+            "call",
+            node.invite(),
+            "core.configuration",
+            "get_config",
+            "--token",
+            &copy,
+        ],
+    );
+    // The worker's own token in the helper's hands is refused.
+    let out = ctl(
+        &helper,
+        &[
+            "call",
+            node.invite(),
+            "core.configuration",
+            "get_config",
+            "--token",
+            &token,
+        ],
+    );
+    let line = assert_fails(&out, 3, "unauthorized");
+    assert!(line.contains("holder"), "{line}");
+
+    // Revoked by the control plane: the copy goes with it.
+    let done = ctl_ok(&cp, &["revoke", "front", &token]).stdout;
+    assert!(done.contains("revoked"), "{done}");
+    let out = ctl(
+        &helper,
+        &[
+            "call",
+            node.invite(),
+            "core.configuration",
+            "get_config",
+            "--token",
+            &copy,
+        ],
+    );
+    let line = assert_fails(&out, 3, "unauthorized");
+    assert!(line.contains("revoked"), "{line}");
+
+    // Bad input is refused before anything is sent.
+    let out = ctl(
+        &cp,
+        &[
+            "grant",
+            "front",
+            "--to",
+            &worker_id,
+            "--to-key",
+            &worker_key,
+            "--verb",
+            "nope",
+        ],
+    );
+    assert_fails(&out, 2, "CAP/VERB");
+    let out = ctl(
+        &cp,
+        &[
+            "grant",
+            "front",
+            "--to",
+            &worker_id,
+            "--to-key",
+            "ed25519/zz",
+            "--verb",
+            "app.x/y",
+        ],
+    );
+    assert_fails(&out, 2, "--to-key");
+    let out = ctl(&worker, &["attenuate", "not-a-token", "--for", "1m"]);
+    assert_fails(&out, 2, "the token");
+    // Only its control plane may grant: the worker is refused.
+    let out = ctl(
+        &worker,
+        &[
+            "grant",
+            node.invite(),
+            "--to",
+            &helper_id,
+            "--to-key",
+            &helper_key,
+            "--verb",
+            "core.configuration/get_config",
+        ],
+    );
+    assert_fails(&out, 3, "unauthorized");
+}

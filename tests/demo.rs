@@ -12,8 +12,8 @@ fn the_demo_runs_every_step_and_exits_zero() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
-    for step in 1..=14 {
-        let line = format!("[{step:>2}/14]");
+    for step in 1..=15 {
+        let line = format!("[{step:>2}/15]");
         let found = stdout
             .lines()
             .find(|l| l.starts_with(&line))
@@ -40,7 +40,12 @@ fn the_demo_runs_every_step_and_exits_zero() {
         "working        progress step 3 of 3",
         "completed      result   \"agent-1: index the docs: done in 3 steps\"",
         "result: \"agent-1: index the docs: done in 3 steps\"",
-        "all 14 steps passed",
+        "agent-2 presents it and calls agent-1's controller verb: ok",
+        "agent-2 hands a copy to agent-3, valid 2 s, signed with its own key; agent-3 calls: ok",
+        "agent-3 presenting agent-2's own token is refused",
+        "monitoring copies name the token that let the call through",
+        "after the expiry both are refused: the token has expired",
+        "all 15 steps passed",
     ] {
         assert!(stdout.contains(expected), "missing {expected:?}:\n{stdout}");
     }

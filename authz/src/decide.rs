@@ -2,11 +2,13 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use capwire_envelope::NodeId;
 use capwire_manifest::{AuthClass, DeclaredClass, Registry, Route, VerbInfo};
 
 use crate::binding::Binding;
+use crate::delegations::Delegations;
 use crate::deny::{DenyReason, Unauthorized, Unlisted};
 use crate::gate::Gate;
 
@@ -58,6 +60,7 @@ pub struct Permit<'r, H> {
     route: &'r Route<H>,
     sender: NodeId,
     epoch: u64,
+    grant: Option<Arc<str>>,
 }
 
 impl<'r, H> Permit<'r, H> {
@@ -86,15 +89,28 @@ impl<'r, H> Permit<'r, H> {
         self.epoch
     }
 
+    /// The token (its first revocation id, hex) that let a controller
+    /// verb through for a sender that is not the bound control plane.
+    pub fn grant(&self) -> Option<&Arc<str>> {
+        self.grant.as_ref()
+    }
+
     /// Checks the permit against the binding at execution time.
     ///
     /// # Errors
     /// [`Unauthorized::BindingChanged`] for a controller verb when the
     /// binding epoch differs from the one the permit was granted under, or
-    /// the sender is no longer the bound control plane. Bootstrap permits
+    /// the sender is no longer the bound control plane (a permit a grant
+    /// let through holds while the epoch is the same). Bootstrap permits
     /// always hold.
     pub fn recheck(&self, binding: &Binding) -> Result<(), DenyReason> {
-        recheck(self.class(), &self.sender, self.epoch, binding)
+        recheck(
+            self.class(),
+            &self.sender,
+            self.epoch,
+            self.grant.is_some(),
+            binding,
+        )
     }
 
     /// `true` when [`recheck`](Permit::recheck) passes.
@@ -113,6 +129,7 @@ impl<'r, H> Permit<'r, H> {
             handler: self.route.dangerous_handler().clone(),
             sender: self.sender,
             epoch: self.epoch,
+            grant: self.grant,
         }
     }
 }
@@ -137,6 +154,7 @@ pub struct OwnedPermit<H> {
     handler: H,
     sender: NodeId,
     epoch: u64,
+    grant: Option<Arc<str>>,
 }
 
 impl<H> OwnedPermit<H> {
@@ -165,12 +183,23 @@ impl<H> OwnedPermit<H> {
         self.epoch
     }
 
+    /// See [`Permit::grant`].
+    pub fn grant(&self) -> Option<&Arc<str>> {
+        self.grant.as_ref()
+    }
+
     /// See [`Permit::recheck`].
     ///
     /// # Errors
     /// As [`Permit::recheck`].
     pub fn recheck(&self, binding: &Binding) -> Result<(), DenyReason> {
-        recheck(self.class(), &self.sender, self.epoch, binding)
+        recheck(
+            self.class(),
+            &self.sender,
+            self.epoch,
+            self.grant.is_some(),
+            binding,
+        )
     }
 
     /// `true` when [`recheck`](OwnedPermit::recheck) passes.
@@ -195,11 +224,14 @@ fn recheck(
     class: DeclaredClass,
     sender: &NodeId,
     epoch: u64,
+    delegated: bool,
     binding: &Binding,
 ) -> Result<(), DenyReason> {
     match class {
         DeclaredClass::Bootstrap => Ok(()),
-        DeclaredClass::Controller if binding.epoch() == epoch && binding.is_controller(sender) => {
+        DeclaredClass::Controller
+            if binding.epoch() == epoch && (delegated || binding.is_controller(sender)) =>
+        {
             Ok(())
         }
         DeclaredClass::Controller => Err(DenyReason::Unauthorized {
@@ -239,6 +271,23 @@ pub fn decide<'r, H>(
     cap: &str,
     verb: &str,
 ) -> Decision<'r, H> {
+    decide_with(registry, gate, binding, sender, cap, verb, None)
+}
+
+/// [`decide`], and for a controller verb from a sender that is not the
+/// bound control plane, the tokens it presented (`delegations`, asked
+/// at `now`): one that grants this verb now lets it through, as long as
+/// the authorizer would let the control plane itself call it. The
+/// permit then names the token ([`Permit::grant`]).
+pub fn decide_with<'r, H>(
+    registry: &'r Registry<H>,
+    gate: &Gate,
+    binding: &Binding,
+    sender: &NodeId,
+    cap: &str,
+    verb: &str,
+    delegations: Option<(&Delegations, SystemTime)>,
+) -> Decision<'r, H> {
     let Some(route) = registry.lookup(cap, verb) else {
         let why = if registry.has_capability(cap) {
             Unlisted::UnknownVerb
@@ -247,14 +296,37 @@ pub fn decide<'r, H>(
         };
         return Decision::Denied(DenyReason::UnknownVerb { why });
     };
+    let mut grant = None;
     if route.class() == DeclaredClass::Controller
         && let Err(why) = gate.check(sender, cap, verb, binding)
     {
-        return Decision::Denied(DenyReason::Unauthorized { why });
+        let delegated = match (&why, delegations, binding.controller()) {
+            (Unauthorized::NotController, Some((d, now)), Some(controller)) => d
+                .check(sender, cap, verb, binding, now)
+                .map(|r| (r, *controller)),
+            _ => None,
+        };
+        match delegated {
+            None => return Decision::Denied(DenyReason::Unauthorized { why }),
+            Some((Err(g), _)) => {
+                return Decision::Denied(DenyReason::Unauthorized {
+                    why: Unauthorized::Grant(g),
+                });
+            }
+            // Never more than the control plane has: its authorizer is
+            // asked as for the control plane itself.
+            Some((Ok(d), controller)) => {
+                if let Err(why) = gate.check(&controller, cap, verb, binding) {
+                    return Decision::Denied(DenyReason::Unauthorized { why });
+                }
+                grant = Some(d.grant);
+            }
+        }
     }
     Decision::Allowed(Permit {
         route,
         sender: *sender,
         epoch: binding.epoch(),
+        grant,
     })
 }

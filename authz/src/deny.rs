@@ -54,6 +54,9 @@ pub enum Unauthorized {
     AuthorizerPanicked,
     /// The binding changed between the decision and the execution.
     BindingChanged,
+    /// The sender is not the bound control plane, and no token it
+    /// presented lets it call this verb now.
+    Grant(crate::GrantDenied),
 }
 
 impl Unauthorized {
@@ -67,6 +70,7 @@ impl Unauthorized {
             Self::AuthorizerFailed(_) => "authorizer_failed",
             Self::AuthorizerPanicked => "authorizer_panicked",
             Self::BindingChanged => "binding_changed",
+            Self::Grant(g) => g.label(),
         }
     }
 }
@@ -81,6 +85,7 @@ impl fmt::Display for Unauthorized {
             Self::AuthorizerFailed(e) => write!(f, "the authorizer failed: {e}"),
             Self::AuthorizerPanicked => f.write_str("the authorizer panicked"),
             Self::BindingChanged => f.write_str("the binding changed before the verb ran"),
+            Self::Grant(g) => write!(f, "the sender is not the bound control plane and {g}"),
         }
     }
 }

@@ -51,7 +51,8 @@
 //! # Layout
 //!
 //! One file per concern, in layers; a file imports only from the layers
-//! below it: `limits`, `binding`, `deny` → `error` → `bind`, `gate` → `decide`.
+//! below it: `limits`, `binding`, `grant`, `deny` → `error`, `delegations`
+//! → `bind`, `gate` → `decide`.
 
 // Leaves: the bind ceremony's parameters, the binding snapshot, the
 // reasons for a denial.
@@ -66,6 +67,11 @@ mod error;
 mod bind;
 mod gate;
 
+// Grants: delegated rights as biscuit tokens, and the tokens presented
+// to the node.
+mod delegations;
+mod grant;
+
 // The chokepoint: the decision function and the permit it grants.
 mod decide;
 
@@ -74,8 +80,17 @@ pub use bind::{
 };
 pub use binding::Binding;
 pub use capwire_manifest::{AuthClass, DeclaredClass};
-pub use decide::{Decision, OwnedPermit, Permit, control_auth_class, decide};
+pub use decide::{Decision, OwnedPermit, Permit, control_auth_class, decide, decide_with};
+pub use delegations::{
+    Delegated, Delegations, GrantCounts, MAX_ANSWERS_PER_HOLDER, MAX_HOLDERS, MAX_REVOCATIONS,
+    MAX_TOKENS_PER_HOLDER, TooManyRevocations,
+};
 pub use deny::{DenyReason, Unauthorized, Unlisted};
 pub use error::AuthzError;
 pub use gate::{Authorizer, BoundController, Gate};
+pub use grant::{
+    BadGrantKey, GRANT_MAX_BLOCKS, GRANT_MAX_LIFETIME, GRANT_MAX_TOKEN, GrantDenied, GrantError,
+    GrantKey, GrantPublicKey, GrantSpec, Narrowing, Right, Verified, delegate, mint, narrow,
+    never_granted, revocation_ids, verify,
+};
 pub use limits::{BIND_CODE_ALPHABET, BIND_CODE_LEN, BIND_MAX_ATTEMPTS, BIND_TTL};

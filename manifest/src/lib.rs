@@ -75,6 +75,7 @@ mod manifest;
 mod cluster;
 mod configuration;
 mod connect;
+mod grants;
 mod monitoring;
 mod protocol;
 mod spec;
@@ -98,6 +99,10 @@ pub use configuration::{
 };
 pub use connect::{CORE_CONNECT, ConnectIntroduce, IntroduceArgs, IntroduceReply};
 pub use error::ManifestError;
+pub use grants::{
+    CORE_GRANTS, GrantsInfo, GrantsInfoRead, GrantsPresent, GrantsRevoke, PresentArgs,
+    PresentReply, RevokeArgs,
+};
 pub use limits::{
     MAX_APP_ID_LEN, MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, MAX_MANIFEST_LEN, MAX_NAME_LEN,
     MAX_PARAMS_LEN, MAX_SCHEMA_LEN, MAX_VERBS,

@@ -141,6 +141,11 @@ pub struct CopyRecord {
     pub body_len: u64,
     /// `true` when `body` was left out for its size.
     pub truncated: bool,
+    /// The token (its first revocation id, hex) that let this inbound
+    /// controller call through for a sender that is not the control plane
+    /// (`core.grants`, WIRE.md 5.7); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
 }
 
 verb! {

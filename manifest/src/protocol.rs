@@ -35,7 +35,7 @@ verb! {
 /// Whether the capability `id` exists for protocol 2 alone: a version-1
 /// peer is not shown it, and its verbs are unknown on a version-1 session.
 pub fn is_protocol_2_capability(id: &str) -> bool {
-    id == crate::tasks::CORE_TASKS
+    id == crate::tasks::CORE_TASKS || id == crate::grants::CORE_GRANTS
 }
 
 impl Manifest {

@@ -122,6 +122,12 @@ async fn bind(
             Refused::Check(body) => HandlerError::from(body),
         })?;
     core.tap.set_controller(Some(from));
+    // The control plane's grant key, from the manifest it advertises on
+    // this authenticated session, is kept with the binding.
+    core.grants.bound(
+        core.control.binding().epoch(),
+        core.advertised_grant_key(&from),
+    );
     let c = core.clone();
     core.detached(async move {
         let mut d = c.durable.lock().await;
@@ -272,6 +278,7 @@ fn copy_of(item: &Tapped, dropped: u64, body_max: usize) -> Option<CopyRecord> {
         body,
         body_len,
         truncated,
+        grant: item.grant.as_deref().map(str::to_owned),
     })
 }
 

@@ -112,6 +112,8 @@ pub(crate) struct CoreState {
     pub(crate) handle: NodeHandle,
     pub(crate) host: Arc<dyn Host>,
     pub(crate) limits: CoreLimits,
+    /// Delegated rights: the keys, the presented tokens, the revocations.
+    pub(crate) grants: Arc<crate::core::grants::GrantState>,
     config_tx: watch::Sender<ConfigValue>,
     roster_tx: watch::Sender<RosterView>,
     pub(crate) events: broadcast::Sender<ControlEvent>,
@@ -174,6 +176,7 @@ impl CoreState {
         handle: NodeHandle,
         host: Arc<dyn Host>,
         limits: CoreLimits,
+        grants: Arc<crate::core::grants::GrantState>,
     ) -> (Self, Vec<AnswerKey>) {
         let (answers, expired) = Answers::load(loaded.answers, limits.answers, unix_ms());
         let config = loaded.config.unwrap_or_else(empty_config);
@@ -195,6 +198,7 @@ impl CoreState {
             handle,
             host,
             limits,
+            grants,
             config_tx,
             roster_tx,
             events: broadcast::channel(EVENT_BUFFER).0,
@@ -316,6 +320,10 @@ impl CoreState {
             binding: Some(BindingRecord {
                 controller: change.binding.controller().copied(),
                 epoch: change.binding.epoch(),
+                grant_key: self
+                    .grants
+                    .controller_key(change.binding.epoch())
+                    .map(|k| k.to_string()),
             }),
             roster: change.meta,
             put_members: change.handed_over.clone(),

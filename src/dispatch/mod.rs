@@ -24,7 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use capwire_authz::{DenyReason, Gate, OwnedPermit, SharedBinding, decide};
+use capwire_authz::{
+    Decision, Delegations, DenyReason, Gate, OwnedPermit, SharedBinding, Unauthorized, decide,
+    decide_with,
+};
 use capwire_envelope::{ControlRef, ErrorBody, ErrorCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{DeclaredClass, Registry, VerbKind};
 
@@ -113,6 +116,8 @@ pub(crate) struct Dispatcher {
     shutting_down: AtomicBool,
     /// Copies of inbound envelopes, for `core.monitoring`.
     tap: Arc<Tap>,
+    /// The tokens presented to the node (`core.grants`).
+    delegations: Arc<Delegations>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -136,6 +141,7 @@ impl Dispatcher {
     /// # Errors
     /// A handler whose extractors cannot work with `extensions` (for
     /// example a `State<T>` the node was not given), in words.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         registry: Arc<Registry<RouteHandler>>,
         gate: Gate,
@@ -144,6 +150,7 @@ impl Dispatcher {
         extensions: Arc<Extensions>,
         max_handler_time: Duration,
         tap: Arc<Tap>,
+        delegations: Arc<Delegations>,
     ) -> Result<Self, String> {
         for (i, route) in registry.routes().enumerate() {
             let entry = route.dangerous_handler();
@@ -166,6 +173,7 @@ impl Dispatcher {
             max_handler_time,
             shutting_down: AtomicBool::new(false),
             tap,
+            delegations,
         })
     }
 
@@ -213,12 +221,42 @@ impl Admission for Dispatcher {
         room: bool,
         version: u32,
     ) -> Admit<Job> {
-        self.tap.record(Way::In, sender, record);
         let notification = c.req_id.is_fire_and_forget();
         let binding = self.binding.snapshot();
-        let permit = match decide(&self.registry, &self.gate, &binding, sender, c.cap, c.verb)
-            .into_result()
+        let mut decision = decide(&self.registry, &self.gate, &binding, sender, c.cap, c.verb);
+        // A controller verb from a sender that is not the control plane:
+        // the tokens it presented, if any, are asked (and only then is the
+        // clock read).
+        if matches!(
+            &decision,
+            Decision::Denied(DenyReason::Unauthorized {
+                why: Unauthorized::NotController
+            })
+        ) && self.delegations.holders() > 0
         {
+            decision = decide_with(
+                &self.registry,
+                &self.gate,
+                &binding,
+                sender,
+                c.cap,
+                c.verb,
+                Some((&self.delegations, std::time::SystemTime::now())),
+            );
+        }
+        let grant = match &decision {
+            Decision::Allowed(p) => p.grant().cloned(),
+            Decision::Denied(_) => None,
+        };
+        match &decision {
+            Decision::Allowed(_) if grant.is_some() => self.delegations.count_call(),
+            Decision::Denied(DenyReason::Unauthorized {
+                why: Unauthorized::Grant(g),
+            }) => self.delegations.count_refused(g),
+            _ => {}
+        }
+        self.tap.record(Way::In, sender, record, grant);
+        let permit = match decision.into_result() {
             Ok(p) => p.into_owned(),
             Err(reason) => {
                 let outcome = deny_outcome(&reason);

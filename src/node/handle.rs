@@ -33,6 +33,7 @@ pub struct NodeHandle {
     peers: Arc<Peers>,
     control: Arc<Control>,
     default_deadline: Duration,
+    grant_key: Arc<capwire_authz::GrantKey>,
 }
 
 impl std::fmt::Debug for NodeHandle {
@@ -47,13 +48,35 @@ impl NodeHandle {
         peers: Arc<Peers>,
         control: Arc<Control>,
         default_deadline: Duration,
+        grant_key: Arc<capwire_authz::GrantKey>,
     ) -> Self {
         Self {
             id,
             peers,
             control,
             default_deadline,
+            grant_key,
         }
+    }
+
+    /// This node's grant public key (see [`crate::grants`]).
+    pub fn grant_key(&self) -> capwire_authz::GrantPublicKey {
+        self.grant_key.public()
+    }
+
+    /// Hands a grant this node holds on to `to`, narrowed, signed with
+    /// this node's grant key ([`Node::hand_on`](crate::Node::hand_on)).
+    ///
+    /// # Errors
+    /// [`GrantError`](capwire_authz::GrantError).
+    pub fn hand_on(
+        &self,
+        token: &str,
+        to: NodeId,
+        to_key: capwire_authz::GrantPublicKey,
+        narrowing: &capwire_authz::Narrowing,
+    ) -> Result<String, capwire_authz::GrantError> {
+        capwire_authz::delegate(token, &self.grant_key, &to, &to_key, narrowing)
     }
 
     /// This node's identity.

@@ -104,6 +104,13 @@ impl Node {
         self.rt.net.env.stats.read_into(&mut stats);
         self.rt.net.env.streams.read_into(&mut stats);
         self.rt.tasks.read_into(&mut stats);
+        let grants = &self.rt.core.grants.delegations;
+        let counts = grants.counts();
+        stats.grants_presented = counts.presented;
+        stats.grant_calls = counts.calls;
+        stats.grants_refused = counts.refused;
+        stats.grant_holders = grants.holders();
+        stats.grant_revocations = grants.revocations();
         for session in self.rt.peers.sessions() {
             let core = session.lock();
             stats.pending_calls += core.pending_calls();

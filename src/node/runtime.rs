@@ -28,9 +28,12 @@ use crate::addr::Addr;
 use crate::config::Limits;
 use crate::control::{Control, hello_for};
 use crate::core::answers::AnswerLimits;
+use crate::core::grants::GrantState;
 use crate::core::monitoring;
 use crate::core::state::{Core, CoreLimits, CoreState, Dialer};
-use crate::core::{cluster, configuration, connect, protocol, tasks as core_tasks};
+use crate::core::{
+    cluster, configuration, connect, grants as core_grants, protocol, tasks as core_tasks,
+};
 use crate::dispatch::Dispatcher;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::RouteHandler;
@@ -158,6 +161,15 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     } = opened;
     let task_records = std::mem::take(&mut loaded.tasks);
     let id = keypair.public();
+    let grants = Arc::new(GrantState::new(
+        &keypair.secret_bytes(),
+        loaded
+            .binding
+            .as_ref()
+            .map(|b| (b.epoch, b.grant_key.as_deref())),
+        loaded.revocations.take(),
+        std::time::SystemTime::now(),
+    ));
     let limits = p.limits;
 
     let mut info = NodeInfo::new(id, p.app_id).with_description(p.description);
@@ -177,7 +189,8 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     .core_capability(connect::capability())
     .core_capability(cluster::capability())
     .core_capability(protocol::capability())
-    .core_capability(core_tasks::capability());
+    .core_capability(core_tasks::capability())
+    .core_capability(core_grants::capability(grants.params()));
     for cap in p.caps {
         registry = registry.capability(cap);
     }
@@ -253,7 +266,13 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         peers.clone(),
         wire_limits,
     ));
-    let handle = NodeHandle::new(id, peers.clone(), control.clone(), limits.default_deadline);
+    let handle = NodeHandle::new(
+        id,
+        peers.clone(),
+        control.clone(),
+        limits.default_deadline,
+        grants.key().clone(),
+    );
     let host: Arc<dyn Host> = match p.host {
         Some(h) => h,
         None => {
@@ -307,6 +326,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             max_children: limits.max_children,
             copy_body_max: limits.copy_body_max,
         },
+        grants.clone(),
     );
     let core = Arc::new(core);
     let mut extensions = p.extensions;
@@ -328,6 +348,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             extensions,
             limits.max_handler_time,
             tap,
+            grants.delegations.clone(),
         )
         .map_err(NodeError::Config)?,
     );

@@ -366,6 +366,40 @@ fn write_stats(s: &NodeStats, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
         "Task state changes not pushed to the control plane: its queue was full.",
         s.task_pushes_dropped,
     )?;
+
+    counter(
+        enc,
+        "capwire_grants_presented",
+        "Grant tokens presented to this node and kept (core.grants/present).",
+        s.grants_presented,
+    )?;
+    counter(
+        enc,
+        "capwire_grant_calls",
+        "Controller calls a presented grant let through.",
+        s.grant_calls,
+    )?;
+    family(
+        enc,
+        "capwire_grants_refused",
+        "Grant presentations and delegated calls refused, by reason.",
+        MetricType::Counter,
+        s.grants_refused
+            .iter()
+            .map(|(reason, n)| ([("reason", *reason)], ConstCounter::new(*n))),
+    )?;
+    gauge(
+        enc,
+        "capwire_grant_holders",
+        "Holders with grant tokens kept.",
+        s.grant_holders,
+    )?;
+    gauge(
+        enc,
+        "capwire_grant_revocations",
+        "Grant revocations kept.",
+        s.grant_revocations,
+    )?;
     Ok(())
 }
 

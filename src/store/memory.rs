@@ -46,6 +46,9 @@ pub(crate) fn apply(state: &mut Loaded, batch: &Batch) {
     if let Some(c) = &batch.config {
         state.config = Some(c.clone());
     }
+    if let Some(r) = &batch.revocations {
+        state.revocations = Some(r.clone());
+    }
     for id in &batch.del_contacts {
         state.contacts.retain(|c| &c.id != id);
     }

@@ -23,8 +23,8 @@ use std::path::PathBuf;
 use capwire_envelope::NodeId;
 
 pub(crate) use records::{
-    AnswerKey, AnswerRecord, BindingRecord, ConfigRecord, ContactRecord, MemberRecord, RosterMeta,
-    TaskEventRecord, TaskRecord,
+    AnswerKey, AnswerRecord, BindingRecord, ConfigRecord, ContactRecord, MemberRecord,
+    RevocationEntry, RevocationsRecord, RosterMeta, TaskEventRecord, TaskRecord,
 };
 
 /// Everything a store holds, read once when the node starts.
@@ -38,6 +38,8 @@ pub(crate) struct Loaded {
     pub(crate) answers: Vec<AnswerRecord>,
     /// Tasks, without their events (read on demand: [`Store::task_events`]).
     pub(crate) tasks: Vec<TaskRecord>,
+    /// The revocations of grants.
+    pub(crate) revocations: Option<RevocationsRecord>,
 }
 
 /// One atomic change to the store. Puts replace the record with the same
@@ -63,6 +65,8 @@ pub(crate) struct Batch {
     /// Events of a task folded away: (id, from, to) deletes those with
     /// `from <= seq < to`. Applied after the batch's puts of events.
     pub(crate) fold_task_events: Vec<(Vec<u8>, u64, u64)>,
+    /// The revocations, replaced whole.
+    pub(crate) revocations: Option<RevocationsRecord>,
 }
 
 impl Batch {

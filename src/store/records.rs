@@ -18,6 +18,31 @@ pub(crate) struct BindingRecord {
     pub(crate) controller: Option<NodeId>,
     /// The binding epoch: bumped on every bind and unbind, never reused.
     pub(crate) epoch: u64,
+    /// The control plane's grant key (`ed25519/` and hex), as the bind
+    /// took it from its manifest; absent when it advertised none (and in
+    /// records written before grants existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) grant_key: Option<String>,
+}
+
+/// The revocations the node was told of (`core.grants/revoke`), each
+/// kept until a token it could revoke has expired.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RevocationsRecord {
+    /// (revocation id, kept until, in milliseconds since the Unix epoch).
+    pub(crate) ids: Vec<RevocationEntry>,
+}
+
+/// One revocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RevocationEntry {
+    /// The revocation id.
+    #[serde(with = "serde_bytes_compat")]
+    pub(crate) id: Vec<u8>,
+    /// Forgotten after this time.
+    pub(crate) until_ms: u64,
 }
 
 /// The node's configuration: an opaque CBOR item and its version.

@@ -63,6 +63,7 @@ const KEY_FORMAT: &str = "format";
 const KEY_NODE_ID: &str = "node_id";
 const KEY_BINDING: &str = "binding";
 const KEY_CONFIG: &str = "config";
+const KEY_REVOCATIONS: &str = "revocations";
 const KEY_ROSTER: &str = "roster";
 
 /// redb caches at most this much of the file (its default is 1 GiB).
@@ -277,6 +278,9 @@ impl RedbStore {
             config: meta_record(KEY_CONFIG)?
                 .map(|v| decode(path, "config", &v))
                 .transpose()?,
+            revocations: meta_record(KEY_REVOCATIONS)?
+                .map(|v| decode(path, "revocations", &v))
+                .transpose()?,
             roster: meta_record(KEY_ROSTER)?
                 .map(|v| decode::<RosterMeta>(path, "roster", &v))
                 .transpose()?
@@ -346,6 +350,7 @@ impl Store for RedbStore {
         // Everything is encoded before the transaction begins.
         let binding = batch.binding.as_ref().map(encode).transpose()?;
         let config = batch.config.as_ref().map(encode).transpose()?;
+        let revocations = batch.revocations.as_ref().map(encode).transpose()?;
         let roster = batch.roster.as_ref().map(encode).transpose()?;
         let contacts = batch
             .put_contacts
@@ -384,6 +389,7 @@ impl Store for RedbStore {
             for (key, value) in [
                 (KEY_BINDING, &binding),
                 (KEY_CONFIG, &config),
+                (KEY_REVOCATIONS, &revocations),
                 (KEY_ROSTER, &roster),
             ] {
                 if let Some(value) = value {

@@ -13,7 +13,8 @@ use super::memory::MemoryStore;
 use super::redb::{Opened, RedbStore};
 use super::{
     AnswerKey, AnswerRecord, Batch, BindingRecord, ConfigRecord, ContactRecord, Loaded,
-    MemberRecord, RosterMeta, Store, StoreError, TaskEventRecord, TaskRecord,
+    MemberRecord, RevocationEntry, RevocationsRecord, RosterMeta, Store, StoreError,
+    TaskEventRecord, TaskRecord,
 };
 
 // The layout on disk, spelled out independently of the implementation.
@@ -69,6 +70,13 @@ fn full_batch() -> Batch {
         binding: Some(BindingRecord {
             controller: Some(id(7)),
             epoch: 3,
+            grant_key: Some(format!("ed25519/{}", "ab".repeat(32))),
+        }),
+        revocations: Some(RevocationsRecord {
+            ids: vec![RevocationEntry {
+                id: vec![9; 64],
+                until_ms: 1_900_000_000_000,
+            }],
         }),
         config: Some(ConfigRecord {
             version: 2,
@@ -193,6 +201,7 @@ fn every_record_kind_round_trips_and_survives_reopening() {
     store.commit(&batch).expect("commit");
     let expected = Loaded {
         binding: batch.binding.clone(),
+        revocations: batch.revocations.clone(),
         config: batch.config.clone(),
         // Key order, not the order they were put in.
         contacts: vec![contact(1, "alice"), contact(2, "bob")],
@@ -233,6 +242,7 @@ fn puts_replace_and_deletes_remove() {
             binding: Some(BindingRecord {
                 controller: None,
                 epoch: 4,
+                grant_key: None,
             }),
             put_contacts: vec![contact(1, "alice renamed")],
             del_contacts: vec![id(2), id(200)],
@@ -268,7 +278,8 @@ fn puts_replace_and_deletes_remove() {
         loaded.binding,
         Some(BindingRecord {
             controller: None,
-            epoch: 4
+            epoch: 4,
+            grant_key: None,
         })
     );
     // Untouched by the later batches.

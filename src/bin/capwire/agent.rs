@@ -56,6 +56,34 @@ pub(crate) struct ProbeArgs {
     pub(crate) cap: String,
     /// The verb to call (with empty args).
     pub(crate) verb: String,
+    /// A grant to present to `peer` first (`core.grants`), for a
+    /// controller verb of a node this one does not control.
+    #[serde(default)]
+    pub(crate) token: Option<String>,
+}
+
+/// Args of `app.agent/hand_on`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HandOnArgs {
+    /// A grant this node holds.
+    pub(crate) token: String,
+    /// The new holder: its key, 64 hex digits (its grant key is read from
+    /// its manifest: it must be connected).
+    pub(crate) to: String,
+    /// Keep only these verbs (`CAP/VERB`); all when absent.
+    #[serde(default)]
+    pub(crate) verbs: Option<Vec<String>>,
+    /// Valid for at most this many milliseconds from now.
+    #[serde(default)]
+    pub(crate) for_ms: Option<u64>,
+}
+
+verb! {
+    /// `app.agent/hand_on` (controller): hands a grant this node holds on
+    /// to another node, narrowed, signed with this node's grant key, and
+    /// answers the new token.
+    pub(crate) struct HandOn: request "app.agent" / "hand_on", Controller, HandOnArgs => String;
 }
 
 verb! {
@@ -200,6 +228,11 @@ fn key(peer: &str) -> Result<NodeId, HandlerError> {
 
 async fn probe(args: ProbeArgs, node: NodeHandle) -> Result<String, HandlerError> {
     let peer = node.peer(key(&args.peer)?);
+    if let Some(token) = &args.token
+        && let Err(e) = peer.present(token).await
+    {
+        return Ok(e.to_string());
+    }
     let empty = RawValue::encode(&NoArgs {})
         .map_err(|e| HandlerError::new(capwire::envelope::ErrorCode::Internal, e.to_string()))?;
     Ok(
@@ -211,6 +244,35 @@ async fn probe(args: ProbeArgs, node: NodeHandle) -> Result<String, HandlerError
             Err(e) => e.to_string(),
         },
     )
+}
+
+async fn hand_on(args: HandOnArgs, node: NodeHandle) -> Result<String, HandlerError> {
+    let bad = |m: String| HandlerError::new(capwire::envelope::ErrorCode::BadArgs, m);
+    let to = key(&args.to)?;
+    let to_key = node
+        .peer(to)
+        .grant_key()
+        .ok_or_else(|| bad("the new holder is not connected, or advertises no grant key".into()))?;
+    let verbs = args
+        .verbs
+        .map(|v| {
+            v.iter()
+                .map(|cv| {
+                    cv.split_once('/')
+                        .map(|(c, v)| (c.to_owned(), v.to_owned()))
+                        .ok_or_else(|| bad(format!("{cv:?} is not CAP/VERB")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    let narrowing = capwire::grants::Narrowing {
+        verbs,
+        expires: args
+            .for_ms
+            .map(|ms| std::time::SystemTime::now() + Duration::from_millis(ms)),
+    };
+    node.hand_on(&args.token, to, to_key, &narrowing)
+        .map_err(|e| bad(e.to_string()))
 }
 
 async fn ask(args: AskArgs, node: NodeHandle) -> Result<String, HandlerError> {
@@ -228,6 +290,7 @@ pub(crate) fn capability() -> Capability {
             .handle(Note, note)
             .handle(Ask, ask)
             .handle(Probe, probe)
+            .handle(HandOn, hand_on)
             .stream(Tell, tell)
             .resumable_task(Work, work),
         // "1.0.0" is a valid version.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use capwire::authz::BindFailure;
 use capwire::envelope::{ErrorCode, RawValue};
+use capwire::grants::{Right, revocation_ids};
 use capwire::host::InProcessHost;
 use capwire::json::cbor_to_json;
 use capwire::manifest::{
@@ -21,7 +22,9 @@ use capwire::manifest::{
 };
 use capwire::{CallError, ControlEvent, Invite, Limits, Node, NodeError, NodeId, Peer};
 
-use crate::agent::{Ask, AskArgs, Echo, Note, Probe, ProbeArgs, Tell, Work, WorkArgs, WorkStep};
+use crate::agent::{
+    Ask, AskArgs, Echo, HandOn, HandOnArgs, Note, Probe, ProbeArgs, Tell, Work, WorkArgs, WorkStep,
+};
 use crate::exit::Failure;
 use crate::node::agent_builder;
 
@@ -33,7 +36,7 @@ pub(crate) struct DemoArgs {
     agents: u8,
 }
 
-const STEPS: usize = 14;
+const STEPS: usize = 15;
 const APP: &str = "capwire.demo";
 /// The control plane's stream window, in items: small, so that the
 /// stream step shows the credit at work.
@@ -162,6 +165,10 @@ fn expect_denied(
         other => Err(format!("expected {code}, got {other:?}")),
     }
 }
+
+/// How long the demo's grant is valid, and its handed-on copy.
+const GRANT_FOR: Duration = Duration::from_secs(3);
+const HAND_ON_FOR: Duration = Duration::from_secs(2);
 
 pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
     let started = Instant::now();
@@ -539,6 +546,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
                             peer: first.peer.id().to_string(),
                             cap: "app.agent".into(),
                             verb: "ask".into(),
+                            token: None,
                         },
                     )
                     .await
@@ -554,6 +562,136 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
             },
         )
         .await?;
+
+    // 12. Delegated rights: a grant, handed on, expiring.
+    {
+        let third = agents.get(2);
+        let title = match third {
+            Some(third) => format!(
+                "grant {} {}'s core.configuration/get_config for {} s; it hands it on to {}; both expire",
+                second.name,
+                first.name,
+                GRANT_FOR.as_secs(),
+                third.name
+            ),
+            None => format!(
+                "grant {} {}'s core.configuration/get_config for {} s; it expires",
+                second.name,
+                first.name,
+                GRANT_FOR.as_secs()
+            ),
+        };
+        narrator
+            .step(
+                &title,
+                async {
+                    let probe = |who: &Agent, token: Option<String>| {
+                        let peer = who.peer.clone();
+                        let args = ProbeArgs {
+                            peer: first.peer.id().to_string(),
+                            cap: "core.configuration".into(),
+                            verb: "get_config".into(),
+                            token,
+                        };
+                        async move { peer.request(Probe, args).await.map_err(err) }
+                    };
+                    // The agents meet (a session between them carries
+                    // their grant keys).
+                    for (a, b) in third.iter().flat_map(|t| [(second, *t), (first, *t)]) {
+                        parent
+                            .request(
+                                ClusterIntroduce,
+                                IntroducePairArgs {
+                                    peer_a: a.cid.clone(),
+                                    peer_b: b.cid.clone(),
+                                },
+                            )
+                            .await
+                            .map_err(err)?;
+                    }
+                    if let Some(third) = third {
+                        second
+                            .peer
+                            .request(Ask, AskArgs { peer: third.peer.id().to_string(), text: "hello".into() })
+                            .await
+                            .map_err(err)?;
+                    }
+                    let holder_key = second.peer.grant_key().ok_or("no grant key in the manifest")?;
+                    let granted_at = Instant::now();
+                    let token = cp
+                        .grant(
+                            &first.peer,
+                            second.peer.id(),
+                            holder_key,
+                            vec![Right::verb("core.configuration", "get_config")],
+                            GRANT_FOR,
+                        )
+                        .await
+                        .map_err(err)?;
+                    let id = revocation_ids(&token).map_err(err)?.remove(0);
+                    say(format!(
+                        "the control plane mints a biscuit token ({} characters) for {}, signed with its grant key",
+                        token.len(),
+                        second.name
+                    ));
+                    let answer = probe(second, Some(token.clone())).await?;
+                    if answer != "ok" {
+                        return Err(format!("{} was refused with its grant: {answer}", second.name));
+                    }
+                    say(format!("{} presents it and calls {}'s controller verb: {answer}", second.name, first.name));
+                    if let Some(third) = third {
+                    let copy = second
+                        .peer
+                        .request(
+                            HandOn,
+                            HandOnArgs {
+                                token: token.clone(),
+                                to: third.peer.id().to_string(),
+                                verbs: None,
+                                for_ms: Some(u64::try_from(HAND_ON_FOR.as_millis()).unwrap_or(u64::MAX)),
+                            },
+                        )
+                        .await
+                        .map_err(err)?;
+                    let answer = probe(third, Some(copy)).await?;
+                    if answer != "ok" {
+                        return Err(format!("{} was refused with its copy: {answer}", third.name));
+                    }
+                    say(format!(
+                        "{} hands a copy to {}, valid {} s, signed with its own key; {} calls: {answer}",
+                        second.name,
+                        third.name,
+                        HAND_ON_FOR.as_secs(),
+                        third.name
+                    ));
+                    let stolen = probe(third, Some(token)).await?;
+                    if !stolen.contains("holder") {
+                        return Err(format!("a stolen token was not refused: {stolen}"));
+                    }
+                    say(format!("{} presenting {}'s own token is refused: {stolen}", third.name, second.name));
+                    }
+                    pushes
+                        .wait_for(|e| matches!(e, ControlEvent::Copy { record, .. } if record.grant.as_deref() == Some(id.as_str())))
+                        .await
+                        .ok_or("no monitoring copy named the token")?;
+                    say(format!("{}'s monitoring copies name the token that let the call through ({}…)", first.name, &id[..16]));
+                    tokio::time::sleep((granted_at + GRANT_FOR + Duration::from_millis(1100)).saturating_duration_since(Instant::now())).await;
+                    for who in std::iter::once(second).chain(third) {
+                        let answer = probe(who, None).await?;
+                        if !answer.contains("expired") {
+                            return Err(format!("{} was not refused after the expiry: {answer}", who.name));
+                        }
+                    }
+                    say(if third.is_some() {
+                        "after the expiry both are refused: the token has expired"
+                    } else {
+                        "after the expiry it is refused: the token has expired"
+                    });
+                    Ok(())
+                },
+            )
+            .await?;
+    }
 
     // 12. Configuration.
     narrator
@@ -755,7 +893,8 @@ fn summary(
                     .map(|v| v.class);
                 let denied = match class {
                     None => true,
-                    Some(DeclaredClass::Controller) => r.peer != cp.id(),
+                    // A grant names the token that let a call through.
+                    Some(DeclaredClass::Controller) => r.peer != cp.id() && r.grant.is_none(),
                     Some(_) => false,
                 };
                 if denied {

@@ -35,7 +35,7 @@ pub(crate) enum OpenError {
 
 /// The control plane: its node and its address book.
 pub(crate) struct Ctx {
-    node: Node,
+    pub(super) node: Node,
     dir: PathBuf,
     book: Mutex<Book>,
     /// The calls made, as `call` records, for the running watches.
@@ -102,7 +102,7 @@ impl Ctx {
         self.node.shutdown().await;
     }
 
-    fn book(&self) -> MutexGuard<'_, Book> {
+    pub(super) fn book(&self) -> MutexGuard<'_, Book> {
         lock(&self.book)
     }
 
@@ -117,7 +117,7 @@ impl Ctx {
     }
 
     /// A session with `entry`: the one up already, or a new one.
-    async fn reach(&self, entry: &Entry, timeout: Duration) -> Result<Peer, Failure> {
+    pub(super) async fn reach(&self, entry: &Entry, timeout: Duration) -> Result<Peer, Failure> {
         if self.node.connected_peers().contains(&entry.node_id) {
             return Ok(self.node.peer(entry.node_id));
         }
@@ -144,7 +144,7 @@ impl Ctx {
         Err(last)
     }
 
-    async fn call(
+    pub(super) async fn call(
         &self,
         peer: &Peer,
         name: &str,
@@ -373,6 +373,7 @@ impl Ctx {
                 wait,
                 answer,
                 req_id,
+                token,
             } => {
                 let (peer, cap, verb) = call_target(peer.as_deref(), &target)?;
                 // Bad input is a usage error whether or not the node is up.
@@ -402,6 +403,9 @@ impl Ctx {
                 }
                 let entry = self.book().resolve(&peer)?;
                 let session = self.reach(&entry, timeout).await?;
+                if let Some(token) = &token {
+                    self.present(&session, &entry.name, token).await?;
+                }
                 let kind = check_kind(&session, &entry.name, &cap, &verb, stream, notify, wait)?;
                 if stream {
                     return self
@@ -554,6 +558,54 @@ impl Ctx {
                 }
             }
             CtlCommand::Watch => self.watch(timeout, out).await,
+            CtlCommand::Grant {
+                node,
+                to,
+                to_key,
+                verbs,
+                valid_for,
+            } => {
+                self.grant(
+                    node.get()?,
+                    &to,
+                    to_key.as_deref(),
+                    &verbs,
+                    valid_for,
+                    timeout,
+                    out,
+                )
+                .await
+            }
+            CtlCommand::Attenuate {
+                token,
+                verbs,
+                valid_for,
+                to,
+                to_key,
+            } => {
+                self.attenuate(
+                    &token,
+                    &verbs,
+                    valid_for,
+                    to.as_deref(),
+                    to_key.as_deref(),
+                    timeout,
+                    out,
+                )
+                .await
+            }
+            CtlCommand::Revoke { node, what } => self.revoke(&node, &what, timeout, out).await,
+            CtlCommand::Identity => {
+                emit(
+                    out,
+                    json!({
+                        "kind": "identity",
+                        "node_id": self.node.id().to_string(),
+                        "grant_key": self.node.grant_key().to_string(),
+                    }),
+                )
+                .await
+            }
             CtlCommand::Top { .. } => Err(Failure::usage(
                 "top runs in its own terminal; it cannot be handed to another ctl",
             )),

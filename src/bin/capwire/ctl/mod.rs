@@ -16,6 +16,7 @@
 mod book;
 mod exec;
 mod forward;
+mod grants;
 mod render;
 mod tasks;
 mod top;
@@ -145,7 +146,72 @@ pub(crate) enum CtlCommand {
         #[arg(long, value_name = "ID", conflicts_with_all = ["notify", "stream"])]
         #[serde(default)]
         req_id: Option<String>,
+        /// A grant (from `ctl grant` or `ctl attenuate`) to present to the
+        /// node first: this control plane is then the token's holder and
+        /// calls the verbs it grants although it is not the node's
+        /// controller.
+        #[arg(long, value_name = "TOKEN")]
+        #[serde(default)]
+        token: Option<String>,
     },
+    /// Grants a node (--to) a narrow, expiring right to some controller
+    /// verbs of a node this control plane binds, and prints the token
+    /// (`core.grants`). The holder presents it (`ctl call --token`, or
+    /// `Peer::present`); nobody else can use it. `core.monitoring/disable`
+    /// and `core.grants` are never granted.
+    Grant {
+        #[command(flatten)]
+        node: NodeArg,
+        /// The holder: a name, a key or an invite. Its grant key is read
+        /// from its manifest unless --to-key gives it.
+        #[arg(long, value_name = "HOLDER")]
+        to: String,
+        /// The holder's grant key (`ed25519/` and 64 hex digits, as `ctl
+        /// identity` or its manifest's `core.grants` params show it).
+        #[arg(long, value_name = "KEY")]
+        to_key: Option<String>,
+        /// A verb granted, CAP/VERB, or CAP/* for every controller verb of
+        /// CAP; repeat for more.
+        #[arg(long = "verb", value_name = "CAP/VERB", required = true)]
+        verbs: Vec<String>,
+        /// How long it is valid (e.g. 10m, 1h; at most 30 days).
+        #[arg(long = "for", value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
+        valid_for: Duration,
+    },
+    /// Narrows a token: fewer verbs (--verb), a sooner expiry (--for), and
+    /// with --to hands it on to another holder, signed by this control
+    /// plane's own grant key (only the token's holder can do that).
+    /// Prints the new token; narrowing can only take rights away.
+    Attenuate {
+        /// The token.
+        token: String,
+        /// Keep only these verbs (CAP/VERB); repeat for more.
+        #[arg(long = "verb", value_name = "CAP/VERB")]
+        verbs: Vec<String>,
+        /// Valid for at most this long from now.
+        #[arg(long = "for", value_name = "DUR", value_parser = parse_duration)]
+        valid_for: Option<Duration>,
+        /// Hand it on to this holder (a name, a key or an invite).
+        #[arg(long, value_name = "HOLDER")]
+        to: Option<String>,
+        /// The new holder's grant key (else read from its manifest).
+        #[arg(long, value_name = "KEY", requires = "to")]
+        to_key: Option<String>,
+    },
+    /// Revokes a token, and every copy made from it, at a node this
+    /// control plane binds: by the token itself or by one of its
+    /// revocation ids. Durable.
+    Revoke {
+        /// The node: a name, a key or an invite.
+        #[arg(value_name = "PEER")]
+        node: String,
+        /// The token, or a revocation id (128 hex digits).
+        #[arg(value_name = "TOKEN_OR_ID")]
+        what: String,
+    },
+    /// Prints this control plane's node id and grant key (what another
+    /// control plane names with `ctl grant --to ID --to-key KEY`).
+    Identity,
     /// The tasks of a node (`core.tasks`): those this control plane
     /// submitted, and every task of a node it controls.
     #[command(
@@ -325,7 +391,8 @@ impl CtlCommand {
             CtlCommand::Forget { node }
             | CtlCommand::Manifest { node }
             | CtlCommand::Status { node }
-            | CtlCommand::Disable { node } => node.get().map(drop),
+            | CtlCommand::Disable { node }
+            | CtlCommand::Grant { node, .. } => node.get().map(drop),
             _ => Ok(()),
         }
     }

@@ -245,6 +245,15 @@ pub(crate) fn human(r: &Json) -> String {
             );
         }
         "done" => out = s(r, "message").to_owned(),
+        // The token alone, so that `TOKEN=$(capwire ctl grant ...)` works.
+        "grant" => out = s(r, "token").to_owned(),
+        "identity" => {
+            out = format!(
+                "node_id {}\ngrant_key {}",
+                s(r, "node_id"),
+                s(r, "grant_key")
+            );
+        }
         "bound" => {
             let _ = writeln!(out, "bound {} ({})", s(r, "name"), s(r, "node_id"));
             let m = &r["manifest"];

@@ -1,0 +1,290 @@
+//! `core.grants` (protocol 2, WIRE.md 5.7): delegated rights to this
+//! node's controller verbs. A holder presents a biscuit token minted by
+//! the bound control plane (`present`, bootstrap); the chokepoint then
+//! lets the holder's controller calls through as far as the token says
+//! (`capwire_authz::decide_with`). The control plane reads the binding
+//! epoch its tokens must name (`info`) and revokes (`revoke`, durable).
+//!
+//! The control plane's grant key is taken, at the bind, from the manifest
+//! it advertises on the authenticated session (its `core.grants` params)
+//! and kept with the binding, so tokens are verified with nothing but
+//! the node's own store.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use capwire_authz::{
+    Delegations, GRANT_MAX_LIFETIME, GrantDenied, GrantKey, GrantPublicKey, MAX_REVOCATIONS, verify,
+};
+use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
+use capwire_manifest::{
+    CORE_GRANTS, GrantsInfo, GrantsInfoRead, GrantsPresent, GrantsRevoke, Manifest, NoArgs,
+    PresentArgs, PresentReply, RevokeArgs,
+};
+
+use crate::core::state::{Core, CoreState};
+use crate::dispatch::extract::Sender;
+use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
+use crate::store::{Batch, RevocationEntry, RevocationsRecord};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+/// The grant key a peer's manifest advertises (its `core.grants` params).
+pub(crate) fn advertised_key(manifest: &Manifest) -> Option<GrantPublicKey> {
+    manifest
+        .capabilities
+        .iter()
+        .find(|c| c.id.as_str() == CORE_GRANTS)?
+        .params
+        .as_deref()?
+        .parse()
+        .ok()
+}
+
+/// The node's grant state: its own key, the control plane's (for the
+/// binding epoch it was taken at), the presented tokens and the
+/// revocations.
+pub(crate) struct GrantState {
+    key: Arc<GrantKey>,
+    /// The control plane's key by binding epoch: the newest bind's and
+    /// the one before (a bind that is undone goes back to it).
+    controller_key: Mutex<Vec<(u64, GrantPublicKey)>>,
+    pub(crate) delegations: Arc<Delegations>,
+    revocations: Mutex<Vec<RevocationEntry>>,
+}
+
+impl std::fmt::Debug for GrantState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrantState")
+            .field("key", &self.key.public())
+            .field("delegations", &self.delegations)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrantState {
+    /// From the node's identity secret and what the store holds.
+    pub(crate) fn new(
+        secret: &[u8; 32],
+        binding: Option<(u64, Option<&str>)>,
+        revocations: Option<RevocationsRecord>,
+        now: SystemTime,
+    ) -> Self {
+        let now_ms = unix_ms(now);
+        let kept: Vec<RevocationEntry> = revocations
+            .map(|r| r.ids)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.until_ms > now_ms)
+            .collect();
+        let controller_key = binding
+            .and_then(|(epoch, key)| Some((epoch, key?.parse::<GrantPublicKey>().ok()?)))
+            .into_iter()
+            .collect();
+        Self {
+            key: Arc::new(GrantKey::from_secret(secret)),
+            controller_key: Mutex::new(controller_key),
+            delegations: Arc::new(Delegations::with_revoked(kept.iter().map(|e| e.id.clone()))),
+            revocations: Mutex::new(kept),
+        }
+    }
+
+    /// The node's own grant key.
+    pub(crate) fn key(&self) -> &Arc<GrantKey> {
+        &self.key
+    }
+
+    /// The params of the node's `core.grants`: its grant public key.
+    pub(crate) fn params(&self) -> String {
+        self.key.public().to_string()
+    }
+
+    /// The control plane's grant key for binding `epoch`, if the bind
+    /// took one.
+    pub(crate) fn controller_key(&self, epoch: u64) -> Option<GrantPublicKey> {
+        lock(&self.controller_key)
+            .iter()
+            .find(|(e, _)| *e == epoch)
+            .map(|(_, k)| *k)
+    }
+
+    /// A bind to binding `epoch` by a control plane whose manifest
+    /// advertises `key`: earlier tokens are void.
+    pub(crate) fn bound(&self, epoch: u64, key: Option<GrantPublicKey>) {
+        let mut keys = lock(&self.controller_key);
+        keys.retain(|(e, _)| *e != epoch);
+        if let Some(k) = key {
+            keys.push((epoch, k));
+        }
+        while keys.len() > 2 {
+            keys.remove(0);
+        }
+        drop(keys);
+        self.delegations.clear();
+    }
+
+    fn info(&self, epoch: u64) -> GrantsInfo {
+        GrantsInfo {
+            epoch,
+            control_plane_key: self.controller_key(epoch).map(|k| k.to_string()),
+            revocations: u64::try_from(lock(&self.revocations).len()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// The detail of a refused presentation: `{"reason": LABEL}`.
+#[derive(serde::Serialize)]
+struct Reason {
+    reason: &'static str,
+}
+
+fn refused(d: &GrantDenied) -> HandlerError {
+    let mut body = ErrorBody::new(ErrorCode::Unauthorized, d.to_string());
+    if let Ok(detail) = capwire_envelope::RawValue::encode(&Reason { reason: d.as_str() }) {
+        body = body.with_detail(detail);
+    }
+    HandlerError::from(body)
+}
+
+async fn present(
+    args: PresentArgs,
+    Sender(from): Sender,
+    Core(core): Core,
+) -> Result<PresentReply, HandlerError> {
+    let binding = core.control.binding();
+    let grants = &core.grants;
+    let Some(root) = grants.controller_key(binding.epoch()) else {
+        grants
+            .delegations
+            .count_present(Err(&GrantDenied::NoGrantKey));
+        return Err(refused(&GrantDenied::NoGrantKey));
+    };
+    let now = SystemTime::now();
+    let delegations = &grants.delegations;
+    let verified = verify(
+        &args.token,
+        &root,
+        &core.id,
+        binding.epoch(),
+        &from,
+        now,
+        |id| delegations.is_revoked(id),
+    )
+    .map_err(|d| {
+        delegations.count_present(Err(&d));
+        refused(&d)
+    })?;
+    let reply = PresentReply {
+        grant: verified.id(),
+        revocation_ids: verified.revocation_ids().iter().map(|i| hex(i)).collect(),
+        expires_ms: unix_ms(verified.expires()),
+    };
+    // Kept only while the binding it was verified under holds.
+    if core.control.binding().epoch() != binding.epoch() {
+        return Err(refused(&GrantDenied::BindingChanged));
+    }
+    delegations
+        .present(from, verified, now)
+        .map_err(|d| refused(&d))?;
+    Ok(reply)
+}
+
+async fn info(_args: NoArgs, Core(core): Core) -> Result<GrantsInfo, HandlerError> {
+    Ok(core.grants.info(core.control.binding().epoch()))
+}
+
+async fn revoke(args: RevokeArgs, Core(core): Core) -> Result<GrantsInfo, HandlerError> {
+    let Some(id) = unhex(&args.id).filter(|id| !id.is_empty() && id.len() <= 64) else {
+        return Err(HandlerError::new(
+            ErrorCode::BadArgs,
+            "a revocation id is 2 to 128 lowercase hexadecimal digits",
+        ));
+    };
+    let grants = &core.grants;
+    // One revocation written at a time.
+    let _durable = core.durable.lock().await;
+    let now = SystemTime::now();
+    let now_ms = unix_ms(now);
+    let mut kept: Vec<RevocationEntry> = lock(&grants.revocations)
+        .iter()
+        .filter(|e| e.until_ms > now_ms)
+        .cloned()
+        .collect();
+    let forgotten: Vec<Vec<u8>> = lock(&grants.revocations)
+        .iter()
+        .filter(|e| e.until_ms <= now_ms)
+        .map(|e| e.id.clone())
+        .collect();
+    if !kept.iter().any(|e| e.id == id) {
+        if kept.len() >= MAX_REVOCATIONS {
+            return Err(HandlerError::new(
+                ErrorCode::Overloaded,
+                "the node keeps at most 10000 revocations; rebind to void every token",
+            ));
+        }
+        kept.push(RevocationEntry {
+            id: id.clone(),
+            until_ms: unix_ms(now + GRANT_MAX_LIFETIME + Duration::from_secs(60)),
+        });
+    }
+    // Written before it is answered; in effect at once after.
+    core.commit(Batch {
+        revocations: Some(RevocationsRecord { ids: kept.clone() }),
+        ..Batch::default()
+    })
+    .await?;
+    *lock(&grants.revocations) = kept;
+    grants.delegations.forget_revocations(&forgotten);
+    grants
+        .delegations
+        .revoke(id)
+        .map_err(|e| HandlerError::new(ErrorCode::Overloaded, e.to_string()))?;
+    Ok(grants.info(core.control.binding().epoch()))
+}
+
+macro_rules! route {
+    ($verb:ty, ($($e:ty),+), $f:expr) => {
+        Arc::new(RouteEntry::new(Typed::<$verb, ($($e,)+), _>::new($f))) as RouteHandler
+    };
+}
+
+pub(crate) fn capability(params: String) -> capwire_manifest::Capability<RouteHandler> {
+    capwire_manifest::Capability::new(CORE_GRANTS, capwire_manifest::Version::new(1, 0, 0))
+        .params(params)
+        .verb::<GrantsPresent>(route!(GrantsPresent, (Sender, Core), present))
+        .verb::<GrantsInfoRead>(route!(GrantsInfoRead, (Core), info))
+        .verb::<GrantsRevoke>(route!(GrantsRevoke, (Core), revoke))
+}
+
+impl CoreState {
+    /// The grant key the peer `from` advertises on its session now.
+    pub(crate) fn advertised_grant_key(&self, from: &NodeId) -> Option<GrantPublicKey> {
+        let manifest = self.handle.peer(*from).manifest()?;
+        advertised_key(&manifest)
+    }
+}
