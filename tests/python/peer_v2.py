@@ -32,7 +32,8 @@ QUIET = 0.5  # seconds to wait when checking that nothing more comes
 V1_KINDS = ("request", "notification")
 V2_KINDS = ("request", "notification", "stream", "task")
 V2_ONLY_KINDS = ("stream", "task")
-V2_ONLY_CAPS = ("core.tasks",)  # 4.10: tasks exist in protocol 2 only
+# 3.1, 4.1: the protocol-2 capabilities (tasks, 4.10; grants, 5.5)
+V2_ONLY_CAPS = ("core.tasks", "core.grants")
 FRAME_TYPES = ("hello", "control", "response", "cancel", "close", "keepalive", "item", "credit")
 PROTOCOL_CAP = {"versions": ("request", "bootstrap")}  # 3.5
 V1_VIEW = "version-1 view"
@@ -75,7 +76,8 @@ def speaks_2(manifest):
 
 def version_1_view(whole):
     """4.1: the whole manifest without its stream and task verbs and
-    without core.tasks, a capability left with no verb left out,
+    without the protocol-2 capabilities (core.tasks, core.grants), a
+    capability left with no verb left out,
     core.protocol's params "version-1 view" when anything was left out;
     the same epoch."""
     caps, dropped = [], False
