@@ -18,8 +18,8 @@
 //! - `cache`: the first delegated call of a verb after a presentation
 //!   (the chokepoint's cache misses: one evaluation of the token's logic)
 //!   against the calls after it (cache hits), over the wire (medians of
-//!   rounds of a present, one first call and four later calls) and on
-//!   `Delegations::check` alone.
+//!   rounds of a present, a bootstrap call, one first call and four later
+//!   calls) and on `Delegations::check` alone.
 //!
 //! The wire figures run in two placements:
 //!
@@ -38,7 +38,7 @@
 //! - `CAPWIRE_BENCH_CALLER=cp,delegated,open`: callers of `call` (all by
 //!   default), for profiling one;
 //! - `CAPWIRE_BENCH_N=count`: calls per run, for every selected section;
-//! - `CAPWIRE_BENCH_RUNS=k`: runs of the throughput figures, best of k (3,
+//! - `CAPWIRE_BENCH_RUNS=k`: runs of the throughput figures, best of k (5,
 //!   or 1 when quick).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -99,7 +99,7 @@ impl Opts {
         let num = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
         Self {
             quick,
-            runs: num("CAPWIRE_BENCH_RUNS").map_or(if quick { 1 } else { 3 }, |r| {
+            runs: num("CAPWIRE_BENCH_RUNS").map_or(if quick { 1 } else { 5 }, |r| {
                 usize::try_from(r.max(1)).unwrap()
             }),
             n: num("CAPWIRE_BENCH_N"),
@@ -574,7 +574,7 @@ fn call_section(opts: &Opts, p: &Placement, c: &Cluster) {
         dl99 / op99,
     );
     // Throughput: best of the runs, the callers in turn within each run.
-    let n = opts.count(100_000, 5_000);
+    let n = opts.count(50_000, 5_000);
     let mut best = [f64::NAN; 3];
     for _ in 0..opts.runs {
         for (i, &caller) in CALLERS.iter().enumerate() {
@@ -716,12 +716,19 @@ fn verify_wire(opts: &Opts, p: &Placement, c: &Cluster) {
     }
 }
 
-/// Rounds of: present, the first call (a cache miss), four more (hits).
+/// Rounds of: present, a bootstrap call, the first delegated call (a
+/// cache miss), four more (hits).
 async fn cache_rounds(peer: Peer, token: String, rounds: u64) -> (Vec<f64>, Vec<f64>) {
     let payload = "x".repeat(PAYLOAD);
     let (mut first, mut later) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         peer.present(&token).await.unwrap();
+        // The node is idle again (the presentation's monitoring copies
+        // sent) before the first call.
+        assert_eq!(
+            peer.request(Open, payload.clone()).await.unwrap().len(),
+            PAYLOAD
+        );
         for i in 0..5 {
             let t = Instant::now();
             let out = peer.request(Guarded, payload.clone()).await.unwrap();
