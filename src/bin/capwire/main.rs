@@ -49,8 +49,13 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
         }
     };
+    // A `ctl` command reports what went wrong in its one line on stderr;
+    // the node it runs inside says nothing more unless RUST_LOG asks (a
+    // session to a node on a lossy link may take longer than the close
+    // bound to end, which is no failure of the command).
     let default_level = match cli.command {
         Command::Node(_) => "info",
+        Command::Ctl(_) => "error",
         _ => "warn",
     };
     tracing_subscriber::fmt()
