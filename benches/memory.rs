@@ -1,6 +1,6 @@
 //! Memory of a node, with `stats_alloc` counting every heap allocation
 //! (live heap = bytes allocated - bytes freed) and RSS read from
-//! `/proc/self/status`. Three sections:
+//! `/proc/self/status`. Its sections:
 //!
 //! - `idle`: heap per idle session, per side. The dialling side and the
 //!   listening side run in separate processes (this binary starts itself
