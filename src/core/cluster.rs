@@ -770,7 +770,7 @@ async fn roster(
     Sender(from): Sender,
     Core(core): Core,
 ) -> Result<(), HandlerError> {
-    let _ = core.events.send(ControlEvent::Roster { from, roster });
+    core.push_event(ControlEvent::Roster { from, roster });
     Ok(())
 }
 

@@ -182,7 +182,7 @@ async fn copy(
     Core(core): Core,
 ) -> Result<(), HandlerError> {
     // No receiver (nobody watches) is not an error.
-    let _ = core.events.send(ControlEvent::Copy { from, record });
+    core.push_event(ControlEvent::Copy { from, record });
     Ok(())
 }
 

@@ -116,7 +116,11 @@ pub(crate) struct CoreState {
     pub(crate) grants: Arc<crate::core::grants::GrantState>,
     config_tx: watch::Sender<ConfigValue>,
     roster_tx: watch::Sender<RosterView>,
-    pub(crate) events: broadcast::Sender<ControlEvent>,
+    /// The application's receivers of pushes (`Node::control_events`),
+    /// made with the first of them: a node nobody listens to keeps no
+    /// buffer (1,024 events), and a push with no receiver is dropped
+    /// either way.
+    events: OnceLock<broadcast::Sender<ControlEvent>>,
     dialer: OnceLock<Dialer>,
     /// The last bind opened on each child, for `core.cluster/contact`.
     pub(crate) invites: Mutex<HashMap<String, Invite>>,
@@ -201,7 +205,7 @@ impl CoreState {
             grants,
             config_tx,
             roster_tx,
-            events: broadcast::channel(EVENT_BUFFER).0,
+            events: OnceLock::new(),
             dialer: OnceLock::new(),
             invites: Mutex::new(HashMap::new()),
             cluster_ops: tokio::sync::Mutex::new(()),
@@ -399,7 +403,17 @@ impl CoreState {
 
     /// Copies and rosters received from other nodes.
     pub(crate) fn subscribe_events(&self) -> broadcast::Receiver<ControlEvent> {
-        self.events.subscribe()
+        self.events
+            .get_or_init(|| broadcast::channel(EVENT_BUFFER).0)
+            .subscribe()
+    }
+
+    /// Hands a push to the application's receivers, if any.
+    pub(crate) fn push_event(&self, event: ControlEvent) {
+        if let Some(tx) = self.events.get() {
+            // No receiver left is not an error.
+            let _ = tx.send(event);
+        }
     }
 
     /// Makes `contact` durable and dials it. `Ok(false)` when it was

@@ -201,7 +201,7 @@ async fn changed(
     Sender(from): Sender,
     Core(core): Core,
 ) -> Result<(), HandlerError> {
-    let _ = core.events.send(ControlEvent::Task { from, change });
+    core.push_event(ControlEvent::Task { from, change });
     Ok(())
 }
 

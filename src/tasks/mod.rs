@@ -556,7 +556,8 @@ impl TaskService {
             .clamp(Duration::from_millis(50), EXPIRE_EVERY);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut cmds = Vec::with_capacity(ROUND);
+        // Grows to the rounds it sees (a quiet node keeps a small one).
+        let mut cmds = Vec::new();
         loop {
             let first = tokio::select! {
                 () = stop.cancelled() => break,
