@@ -7,9 +7,10 @@
 //!   again with `--serve K` for the listening side), so each side's heap
 //!   is its own. Two layouts, N sessions each: N client nodes dialling
 //!   one server node, and one client node dialling N server nodes. The
-//!   heap with the nodes up and no session is subtracted; the sessions
-//!   are measured after 3 s of silence (a quiet session returns its read
-//!   and write buffers after 2 s). Baselines from the same run: an idle
+//!   heap with the nodes up and no session is subtracted; each session
+//!   makes one 64 B call and is measured 200 ms after it and, in another
+//!   run, after 3 s of silence (a quiet session returns its read and
+//!   write buffers after 2 s). Baselines from the same run: an idle
 //!   raw tokio TCP connection and an idle snow session, each end a task
 //!   that owns its stream (and Noise state) and waits to read.
 //! - `ledger`: the replay ledger under sustained load: 128 requests in
@@ -535,8 +536,10 @@ fn idle_layout(rt: &Runtime, n: usize, many_clients: bool, quiet: Duration) -> I
     let expected = many_clients.then_some(server.id);
     run_on(rt.handle(), async move {
         // One at a time: the figure is about sessions, not about dialling.
+        // Each session makes one 64 B call.
         for (node, addr) in targets {
-            node.connect(&addr, expected).await.unwrap();
+            let peer = node.connect(&addr, expected).await.unwrap();
+            peer.request(Echo, "x".repeat(64)).await.unwrap();
         }
         tokio::time::sleep(quiet).await;
     });
@@ -650,8 +653,8 @@ fn idle_baseline(rt: &Runtime, n: usize, snow: bool) -> f64 {
 fn idle(rt: &Runtime, quick: bool) {
     let n = env_usize("CAPWIRE_BENCH_N").unwrap_or(if quick { 20 } else { 200 });
     println!(
-        "idle sessions: heap per session after {:.1} s quiet, node cost subtracted \
-         (target <= 16 KiB per side), N = {n}",
+        "idle sessions: heap per session that made one 64 B call, 200 ms after it and after \
+         {:.1} s quiet, node cost subtracted (target <= 16 KiB per side at both), N = {n}",
         quiet(quick).as_secs_f64()
     );
     println!(
@@ -670,8 +673,13 @@ fn idle(rt: &Runtime, quick: bool) {
     if !quick {
         layouts.push((format!("capwire: 1 client node -> {n}"), false));
     }
-    for (name, many_clients) in layouts {
-        let f = idle_layout(rt, n, many_clients, quiet(quick));
+    let quiets = [Duration::from_millis(200), quiet(quick)];
+    let layouts: Vec<(String, bool, Duration)> = layouts
+        .into_iter()
+        .flat_map(|(name, many)| quiets.map(|q| (format!("{name}, {} ms", q.as_millis()), many, q)))
+        .collect();
+    for (name, many_clients, quiet) in layouts {
+        let f = idle_layout(rt, n, many_clients, quiet);
         let verdict = if f.client_session <= 16384.0 && f.server_session <= 16384.0 {
             "met"
         } else {
