@@ -127,8 +127,8 @@ impl<H> VerbSpec<H> {
             name: V::VERB.to_owned(),
             kind: V::KIND,
             class: Some(V::CLASS),
-            args_schema: Some(schema_text::<V::Args>()),
-            result_schema: declares.then(schema_text::<V::Output>),
+            args_schema: Some(schema_text_for::<V::Args>(V::CAP)),
+            result_schema: declares.then(|| schema_text_for::<V::Output>(V::CAP)),
             declares_result: declares,
             handler: Some(handler),
         }
@@ -172,4 +172,77 @@ pub(crate) fn schema_text<T: JsonSchema>() -> String {
         .into_root_schema_for::<T>()
         .as_value()
         .to_string()
+}
+
+/// The schema of a verb of capability `cap`: the framework's own
+/// (`core.*`, specified in WIRE.md) go without their `description` and
+/// `title` texts, which would otherwise be most of every hello; an
+/// application's keep theirs (its documentation for callers).
+fn schema_text_for<T: JsonSchema>(cap: &str) -> String {
+    if !cap.starts_with("core.") {
+        return schema_text::<T>();
+    }
+    let mut schema = SchemaGenerator::default()
+        .into_root_schema_for::<T>()
+        .to_value();
+    strip_texts(&mut schema);
+    schema.to_string()
+}
+
+fn strip_texts(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            // Only the annotation keywords: a property named
+            // `description` (under `properties`) is kept.
+            for key in ["description", "title"] {
+                if map.get(key).is_some_and(serde_json::Value::is_string) {
+                    map.remove(key);
+                }
+            }
+            for (key, child) in map.iter_mut() {
+                if key == "properties" || key == "$defs" {
+                    if let serde_json::Value::Object(named) = child {
+                        named.values_mut().for_each(strip_texts);
+                    }
+                } else {
+                    strip_texts(child);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_texts),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod schema_tests {
+    use super::*;
+
+    /// Documented, with a field named `description`.
+    #[derive(JsonSchema)]
+    #[allow(dead_code)]
+    struct Doc {
+        /// The text.
+        description: String,
+        /// A count.
+        n: u32,
+    }
+
+    #[test]
+    fn core_schemas_go_without_annotations_and_app_schemas_keep_them() {
+        let app: serde_json::Value =
+            serde_json::from_str(&schema_text_for::<Doc>("app.x")).unwrap();
+        assert_eq!(
+            app["description"],
+            "Documented, with a field named `description`."
+        );
+        assert_eq!(app["properties"]["n"]["description"], "A count.");
+        let core: serde_json::Value =
+            serde_json::from_str(&schema_text_for::<Doc>("core.x")).unwrap();
+        assert!(core.get("description").is_none() && core.get("title").is_none());
+        // The property named `description` stays; only annotations go.
+        assert_eq!(core["properties"]["description"]["type"], "string");
+        assert!(core["properties"]["n"].get("description").is_none());
+        assert_eq!(core["required"], serde_json::json!(["description", "n"]));
+    }
 }
