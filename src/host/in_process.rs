@@ -70,12 +70,18 @@ const EVENT_QUEUE: usize = 256;
 struct Child {
     node: Node,
     watching: CancellationToken,
+    /// The task that reports its monitoring state: it holds a handle on
+    /// the node, so the node (and its state directory's lock) is only
+    /// gone once it has ended too.
+    watch: tokio::task::JoinHandle<()>,
 }
 
 impl Child {
     async fn end(self) {
         self.watching.cancel();
         self.node.shutdown().await;
+        // It stops at once on the cancel (every wait of it selects on it).
+        let _ = self.watch.await;
     }
 }
 
@@ -142,7 +148,7 @@ impl InProcessHost {
             Err(e) => return Err(HostError::Failed(e.to_string())),
         };
         let watching = CancellationToken::new();
-        tokio::spawn(watch_monitoring(
+        let watch = tokio::spawn(watch_monitoring(
             node.clone(),
             spec.cid.clone(),
             self.events_tx.clone(),
@@ -151,6 +157,7 @@ impl InProcessHost {
         let child = Child {
             node: node.clone(),
             watching,
+            watch,
         };
         lock(&self.children).insert(spec.cid.clone(), child);
         Ok(info(&node))
