@@ -48,7 +48,6 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -63,7 +62,10 @@ use capwire::{Capability, HandlerError, Limits, Node, Peer};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
+
+#[path = "support/runtimes.rs"]
+mod runtimes;
+use runtimes::{Hosts, RtThread, run_on};
 
 verb! { /** Echo, for the control plane and the holders of a grant. */
 pub struct Guarded: request "app.bench" / "guarded", Controller, String => String; }
@@ -134,54 +136,6 @@ impl Opts {
 // ---------------------------------------------------------------------------
 // Where the nodes run
 
-/// A current-thread runtime driven by an OS thread of its own until dropped.
-struct RtThread {
-    handle: Handle,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RtThread {
-    fn start(name: &str) -> Self {
-        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                handle_tx.send(rt.handle().clone()).unwrap();
-                rt.block_on(async {
-                    let _ = stopped.await;
-                });
-            })
-            .unwrap();
-        Self {
-            handle: handle_rx.recv().unwrap(),
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for RtThread {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-enum Hosts {
-    Workers(tokio::runtime::Runtime),
-    Threads(Vec<RtThread>),
-}
-
 /// The runtimes the node, the control plane and the worker run on.
 struct Placement {
     name: &'static str,
@@ -230,16 +184,6 @@ impl Drop for Placement {
             None => {}
         }
     }
-}
-
-/// Runs `f` as a task on `h` and waits for it: the work runs on the
-/// runtime's own threads, never on the thread that waits.
-fn run_on<F>(h: &Handle, f: F) -> F::Output
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    h.block_on(h.spawn(f)).expect("benchmark task failed")
 }
 
 // ---------------------------------------------------------------------------

@@ -56,7 +56,6 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::borrow::Cow;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -75,6 +74,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{Barrier, Notify, oneshot, watch};
+
+#[path = "support/runtimes.rs"]
+mod runtimes;
+use runtimes::{Hosts, RtThread, run_on};
 
 // ---------------------------------------------------------------------------
 // Items: a CBOR byte string
@@ -283,54 +286,6 @@ impl Opts {
 // ---------------------------------------------------------------------------
 // Where the two ends run
 
-/// A current-thread runtime driven by an OS thread of its own until dropped.
-struct RtThread {
-    handle: Handle,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RtThread {
-    fn start(name: &str) -> Self {
-        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                handle_tx.send(rt.handle().clone()).unwrap();
-                rt.block_on(async {
-                    let _ = stopped.await;
-                });
-            })
-            .unwrap();
-        Self {
-            handle: handle_rx.recv().unwrap(),
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for RtThread {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-enum Hosts {
-    Workers(tokio::runtime::Runtime),
-    Threads(Vec<RtThread>),
-}
-
 /// The runtimes the server end and the client end run on.
 struct Placement {
     name: &'static str,
@@ -375,16 +330,6 @@ impl Drop for Placement {
             None => {}
         }
     }
-}
-
-/// Runs `f` as a task on `h` and waits for it: the work runs on the
-/// runtime's own threads, never on the thread that waits.
-fn run_on<F>(h: &Handle, f: F) -> F::Output
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    h.block_on(h.spawn(f)).expect("benchmark task failed")
 }
 
 // ---------------------------------------------------------------------------
