@@ -308,7 +308,7 @@ impl FromStr for GrantPublicKey {
 
     fn from_str(s: &str) -> Result<Self, BadGrantKey> {
         let digits = s.strip_prefix("ed25519/").ok_or(BadGrantKey)?;
-        let bytes = unhex(digits).ok_or(BadGrantKey)?;
+        let bytes = base16ct::lower::decode_vec(digits).map_err(|_| BadGrantKey)?;
         let key = Self(bytes.try_into().map_err(|_| BadGrantKey)?);
         key.biscuit().ok_or(BadGrantKey)?;
         Ok(key)
@@ -316,28 +316,7 @@ impl FromStr for GrantPublicKey {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    s
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    s.as_bytes()
-        .chunks(2)
-        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
-        .collect()
+    base16ct::lower::encode_string(bytes)
 }
 
 /// One right a grant carries.
@@ -748,7 +727,7 @@ fn verify_inner(
     // The holder chain: each block signed by another key must be signed
     // by the holder of the moment, and names the next holder.
     let mut seen = Vec::new();
-    for (i, external) in token.external_public_keys().iter().enumerate().skip(1) {
+    for external in token.external_public_keys().iter().skip(1) {
         let Some(external) = external else { continue };
         let bytes = external.to_bytes();
         if bytes != key || seen.contains(&bytes) {
@@ -772,7 +751,6 @@ fn verify_inner(
             return Err(GrantDenied::BadToken("a holder key is not an Ed25519 key"));
         }
         seen.push(bytes);
-        let _ = i;
         holder = h;
         key = k;
     }
@@ -799,8 +777,16 @@ fn verify_inner(
     dates.sort();
     dates.dedup();
 
-    // The authority block's expiry: its one time check.
-    let expires = authority_expiry(&token).ok_or(GrantDenied::BadToken("no expiry"))?;
+    // The authority block's expiry: its one time check, the first in the
+    // dump (this authorizer has no checks of its own; blocks come in order).
+    let expires = checks
+        .first()
+        .and_then(|c| {
+            let mut d = Vec::new();
+            c.queries.iter().for_each(|r| walk_rule(r, &mut d));
+            d.into_iter().min()
+        })
+        .ok_or(GrantDenied::BadToken("no expiry"))?;
     if expires > now + GRANT_MAX_LIFETIME {
         return Err(GrantDenied::TooLong);
     }
@@ -855,18 +841,6 @@ fn shape(token: &Biscuit) -> Result<(), GrantDenied> {
         }
     }
     Ok(())
-}
-
-fn authority_expiry(token: &Biscuit) -> Option<SystemTime> {
-    let mut authorizer = token.authorizer().ok()?;
-    let (_, _, checks, _) = authorizer.dump();
-    let _ = &mut authorizer;
-    // The authority block's checks come first in the dump; mint writes one.
-    let mut dates = Vec::new();
-    if let Some(c) = checks.first() {
-        c.queries.iter().for_each(|r| walk_rule(r, &mut dates));
-    }
-    dates.into_iter().min()
 }
 
 impl Verified {

@@ -36,24 +36,6 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
-}
-
 /// The grant key a peer's manifest advertises (its `core.grants` params).
 pub(crate) fn advertised_key(manifest: &Manifest) -> Option<GrantPublicKey> {
     manifest
@@ -201,7 +183,11 @@ async fn present(
     })?;
     let reply = PresentReply {
         grant: verified.id(),
-        revocation_ids: verified.revocation_ids().iter().map(|i| hex(i)).collect(),
+        revocation_ids: verified
+            .revocation_ids()
+            .iter()
+            .map(|i| base16ct::lower::encode_string(i))
+            .collect(),
         expires_ms: unix_ms(verified.expires()),
     };
     // Kept only while the binding it was verified under holds.
@@ -219,7 +205,10 @@ async fn info(_args: NoArgs, Core(core): Core) -> Result<GrantsInfo, HandlerErro
 }
 
 async fn revoke(args: RevokeArgs, Core(core): Core) -> Result<GrantsInfo, HandlerError> {
-    let Some(id) = unhex(&args.id).filter(|id| !id.is_empty() && id.len() <= 64) else {
+    let Some(id) = base16ct::lower::decode_vec(&args.id)
+        .ok()
+        .filter(|id| !id.is_empty() && id.len() <= 64)
+    else {
         return Err(HandlerError::new(
             ErrorCode::BadArgs,
             "a revocation id is 2 to 128 lowercase hexadecimal digits",
@@ -230,16 +219,12 @@ async fn revoke(args: RevokeArgs, Core(core): Core) -> Result<GrantsInfo, Handle
     let _durable = core.durable.lock().await;
     let now = SystemTime::now();
     let now_ms = unix_ms(now);
-    let mut kept: Vec<RevocationEntry> = lock(&grants.revocations)
-        .iter()
-        .filter(|e| e.until_ms > now_ms)
-        .cloned()
-        .collect();
-    let forgotten: Vec<Vec<u8>> = lock(&grants.revocations)
-        .iter()
-        .filter(|e| e.until_ms <= now_ms)
-        .map(|e| e.id.clone())
-        .collect();
+    let (mut kept, forgotten): (Vec<RevocationEntry>, Vec<RevocationEntry>) =
+        lock(&grants.revocations)
+            .iter()
+            .cloned()
+            .partition(|e| e.until_ms > now_ms);
+    let forgotten: Vec<Vec<u8>> = forgotten.into_iter().map(|e| e.id).collect();
     if !kept.iter().any(|e| e.id == id) {
         if kept.len() >= MAX_REVOCATIONS {
             return Err(HandlerError::new(
