@@ -9,8 +9,8 @@
 //!   one server node, and one client node dialling N server nodes. The
 //!   heap with the nodes up and no session is subtracted; each session
 //!   makes one 64 B call and is measured 200 ms after it and, in another
-//!   run, after 3 s of silence (a quiet session returns its read and
-//!   write buffers after 2 s). Baselines from the same run: an idle
+//!   run, after 3 s of silence (a session gives back buffers grown past
+//!   2 KiB 50 ms after it last used them, the rest after 2 s quiet). Baselines from the same run: an idle
 //!   raw tokio TCP connection and an idle snow session, each end a task
 //!   that owns its stream (and Noise state) and waits to read.
 //! - `ledger`: the replay ledger under sustained load: 128 requests in
@@ -22,6 +22,14 @@
 //!   `Node::connect` once, then each retrying a failed connect; time to
 //!   establish all, per-connect latency, failures by error, the server's
 //!   heap and RSS before and after.
+//! - `scale`: 10,000 client nodes (one session each) dial one listening
+//!   node (its own process) at a paced 1,000 connects/s: per-connect
+//!   latency (p50, p99, max), the server's heap and RSS per session at a
+//!   quarter, a half and all of them (each after 3 s quiet: linear in
+//!   sessions?), and both processes' CPU over 10 s with nothing sent (no
+//!   per-session timer but the 15 s keepalive). Needs `ulimit -n` of at
+//!   least 10,100 in each process (it says so, and skips, when lower);
+//!   `CAPWIRE_BENCH_SCALE_N` sets the count.
 //! - `streams`: heap per open stream (protocol 2), per side, N streams on
 //!   one session with the callee in its own process: beside N pending
 //!   requests (the baseline), N idle streams (open, no item yet), N
@@ -47,7 +55,7 @@
 //! `CAPWIRE_BENCH_QUICK=1` runs small sizes (under a minute: the idle
 //! sessions still need 2.5 s to become quiet, and ended tasks their 8 s
 //! of retention).
-//! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin,streams,tasks,slow` picks
+//! `CAPWIRE_BENCH_ONLY=idle,ledger,fanin,scale,streams,tasks,slow` picks
 //! sections; `CAPWIRE_BENCH_N` sets N for `idle`, `streams` and `tasks`
 //! and the session count
 //! for `fanin`; `CAPWIRE_BENCH_SECS` the length of the `ledger` and `slow`
@@ -283,13 +291,24 @@ where
 /// `tasks`: the node also serves the held task, with a task retention of
 /// [`TASK_RETENTION`], its state in memory (`memory`) or in a state
 /// directory (`redb`).
-fn serve(k: usize, per_source: Option<usize>, streams: bool, tasks: Option<&str>) {
+fn serve(
+    k: usize,
+    per_source: Option<usize>,
+    streams: bool,
+    tasks: Option<&str>,
+    scale: Option<usize>,
+) {
     let rt = two_workers();
     let mut limits = Limits {
         max_handshakes_per_source: per_source
             .unwrap_or(Limits::default().max_handshakes_per_source),
         ..Limits::default()
     };
+    if let Some(n) = scale {
+        // Room for `n` sessions, accepted faster than the bench paces.
+        limits.max_inbound_sessions = n + 64;
+        limits.accept_rate = SCALE_ACCEPT_RATE;
+    }
     if tasks.is_some() {
         limits.task_retention = TASK_RETENTION;
     }
@@ -409,6 +428,16 @@ struct ServerMem {
 impl Server {
     fn start(k: usize) -> Self {
         Self::start_with(k, None)
+    }
+
+    /// One node with room for `n` inbound sessions.
+    fn start_scale(n: usize) -> Self {
+        Self::spawn(vec!["--serve-scale".to_string(), n.to_string()])
+    }
+
+    /// User and system CPU time the server process has used.
+    fn cpu(&self) -> Duration {
+        cpu_of(&format!("/proc/{}/stat", self.child.id()))
     }
 
     /// One node that also serves the stream verbs.
@@ -1036,6 +1065,167 @@ fn fanin(rt: &Runtime, quick: bool) {
 }
 
 // ---------------------------------------------------------------------------
+// scale: 10,000 sessions into one node
+
+/// The bench server's accept rate in the `scale` section (the default,
+/// 1,000/s, is a bound on floods; the bench paces below this).
+const SCALE_ACCEPT_RATE: u32 = 5_000;
+/// Connects per second the `scale` section paces its dialling at.
+const SCALE_PACE: u64 = 1_000;
+
+/// User plus system CPU time from a `/proc/.../stat` file.
+fn cpu_of(path: &str) -> Duration {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    // Fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here;
+    // the kernel counts them in USER_HZ (100 on Linux).
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+/// One client node per session (a node keeps one session per peer)
+/// dials one server node in its own process, paced at [`SCALE_PACE`]
+/// connects per second, up to N (10,000; quick: 1,000) sessions, with
+/// checkpoints at a quarter and a half of N: at each, once its
+/// connects are done and the sessions have been quiet for 3 s, the
+/// server's heap and RSS per session. At N: the server's and this
+/// process's CPU over 10 s with nothing sent.
+fn scale(rt: &Runtime, quick: bool) {
+    let n = env_usize("CAPWIRE_BENCH_SCALE_N").unwrap_or(if quick { 1_000 } else { 10_000 });
+    println!(
+        "scale: {n} client nodes, one session each, dial one node (its own process, \
+         accept rate {SCALE_ACCEPT_RATE}/s, room for {n} sessions, other limits default), \
+         paced at {SCALE_PACE} connects/s"
+    );
+    if let Some(limit) = open_files_limit() {
+        let need = u64::try_from(n).unwrap() + 100;
+        if limit < need {
+            println!("  open files limit {limit} < {need} needed: raise it (ulimit -n {need})");
+            return;
+        }
+    }
+    let quiet = if quick { QUIET_QUICK } else { QUIET };
+    let mut server = Server::start_scale(n);
+    let s0 = server.measure();
+    let started = Instant::now();
+    let clients = run_on(rt.handle(), client_nodes(n));
+    let c_heap = Mem::now();
+    println!(
+        "  {n} client nodes started in {} ({} of heap each, this process)",
+        ms(started.elapsed()),
+        kib(c_heap.heap as f64 / n as f64)
+    );
+    let (addr, id) = (server.addrs[0].clone(), server.id);
+    let mut latencies = Vec::with_capacity(n);
+    let mut failures = BTreeMap::<String, u64>::new();
+    let mut dialling = Duration::ZERO;
+    let mut done = 0;
+    println!(
+        "  {:>8} {:>10} {:>10} {:>10} {:>10} {:>14} {:>14}",
+        "sessions", "dialled in", "p50", "p99", "max", "heap/session", "RSS/session"
+    );
+    for stop in [n / 4, n / 2, n] {
+        let batch: Vec<Node> = clients[done..stop].to_vec();
+        let (addr, took) = (addr.clone(), Instant::now());
+        let (mut lat, fail) = run_on(rt.handle(), async move {
+            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / SCALE_PACE));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut tasks = Vec::with_capacity(batch.len());
+            for node in batch {
+                tick.tick().await;
+                let addr = addr.clone();
+                tasks.push(tokio::spawn(async move {
+                    let t = Instant::now();
+                    node.connect(&addr, Some(id))
+                        .await
+                        .map(|_| t.elapsed())
+                        .map_err(|e| e.to_string())
+                }));
+            }
+            let (mut lat, mut fail) = (Vec::new(), Vec::new());
+            for t in tasks {
+                match t.await.unwrap() {
+                    Ok(d) => lat.push(d),
+                    Err(e) => fail.push(e),
+                }
+            }
+            (lat, fail)
+        });
+        dialling += took.elapsed();
+        for e in fail {
+            *failures.entry(e).or_default() += 1;
+        }
+        lat.sort_unstable();
+        sleep(rt, quiet);
+        let m = server.measure();
+        let per = |d: i64| d as f64 / m.sessions.max(1) as f64;
+        println!(
+            "  {:>8} {:>10} {:>10} {:>10} {:>10} {:>14} {:>14}",
+            m.sessions,
+            ms(took.elapsed()),
+            ms(percentile(&lat, 0.5)),
+            ms(percentile(&lat, 0.99)),
+            ms(lat.last().copied().unwrap_or_default()),
+            kib(per(m.mem.heap - s0.mem.heap)),
+            kib(per(m.mem.rss_kib - s0.mem.rss_kib) * 1024.0),
+        );
+        latencies.extend(lat);
+        done = stop;
+    }
+    latencies.sort_unstable();
+    let p99 = percentile(&latencies, 0.99);
+    println!(
+        "  all {} connects (handshake and both hellos): p50 {}, p99 {} (target <= 5 ms: {}), \
+         {} dialling in all",
+        latencies.len(),
+        ms(percentile(&latencies, 0.5)),
+        ms(p99),
+        if p99 <= Duration::from_millis(5) {
+            "met"
+        } else {
+            "missed"
+        },
+        ms(dialling)
+    );
+    if failures.is_empty() {
+        println!("  failures: none");
+    }
+    for (e, count) in &failures {
+        println!("  failed {count}: {e}");
+    }
+    // Nothing is sent but keepalives (each side writes one after 15 s
+    // without writing).
+    let window = if quick {
+        Duration::from_secs(3)
+    } else {
+        Duration::from_secs(10)
+    };
+    let (srv0, me0) = (server.cpu(), cpu_of("/proc/self/stat"));
+    sleep(rt, window);
+    let (srv1, me1) = (server.cpu(), cpu_of("/proc/self/stat"));
+    let pct = |d: Duration| d.as_secs_f64() / window.as_secs_f64() * 100.0;
+    println!(
+        "  quiet for {} s with {} sessions: server CPU {:.1}% of one core, the {} client nodes \
+         {:.1}% (keepalives due in the window: up to {} per side)",
+        window.as_secs(),
+        server.measure().sessions,
+        pct(srv1 - srv0),
+        n,
+        pct(me1 - me0),
+        (n as u64 * window.as_secs()).div_ceil(15),
+    );
+    run_on(rt.handle(), shutdown_all(clients));
+    server.stop();
+}
+
+// ---------------------------------------------------------------------------
 // streams: heap per open stream, per side
 
 /// The encoded length of one 64 B text item (2 bytes of head).
@@ -1529,15 +1719,20 @@ fn main() {
             args.get(i + 2).map(|p| p.parse().unwrap()),
             false,
             None,
+            None,
         );
         return;
     }
     if args.iter().any(|a| a == "--serve-streams") {
-        serve(1, None, true, None);
+        serve(1, None, true, None, None);
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--serve-tasks") {
-        serve(1, None, true, Some(args[i + 1].as_str()));
+        serve(1, None, true, Some(args[i + 1].as_str()), None);
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--serve-scale") {
+        serve(1, None, false, None, Some(args[i + 1].parse().unwrap()));
         return;
     }
     let quick = args.iter().any(|a| a == "--quick" || a == "--test")
@@ -1556,6 +1751,9 @@ fn main() {
     }
     if wanted("fanin") {
         fanin(&rt, quick);
+    }
+    if wanted("scale") {
+        scale(&rt, quick);
     }
     if wanted("streams") {
         streams(&rt, quick);

@@ -9,7 +9,13 @@
 //! - `pipe`: the same requests with 128 in flight, requests/s;
 //! - `faf`: fire-and-forget 64 B messages on one connection: capwire
 //!   notifications (envelopes/s) against one-way raw TCP and snow
-//!   messages; plus capwire's `u64` tick notification on its own.
+//!   messages; plus capwire's `u64` tick notification on its own;
+//! - `connect`: a new connection's first answer, one connection at a
+//!   time: TCP connect, the Noise XX handshake (snow, capwire) and one
+//!   64 B round trip; for capwire, `Node::connect` (handshake and both
+//!   sides' hellos) and one `Peer::request`, each from a client node of
+//!   its own that was started beforehand (a node keeps one session per
+//!   peer), against a server node that already holds the earlier ones.
 //!
 //! Each runs in two placements:
 //!
@@ -28,7 +34,7 @@
 //! `--quick` or `CAPWIRE_BENCH_QUICK=1` runs small counts once (seconds).
 //! Filters, each a comma-separated list, for profiling one figure:
 //!
-//! - `CAPWIRE_BENCH_ONLY=rtt,pipe,faf`: sections (all by default);
+//! - `CAPWIRE_BENCH_ONLY=rtt,pipe,faf,connect`: sections (all by default);
 //! - `CAPWIRE_BENCH_PLACEMENT=shared,split`: placements (both by default);
 //! - `CAPWIRE_BENCH_STACK=capwire,snow,raw`: stacks (all by default);
 //! - `CAPWIRE_BENCH_RT=current`: the shared placement on one
@@ -45,12 +51,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use capwire::manifest::verb;
-use capwire::transport::{PROLOGUE, PROTOCOL_NAME};
 use capwire::{Capability, HandlerError, Limits, Node, Peer, State};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot};
@@ -58,6 +61,9 @@ use tokio::sync::{Notify, oneshot};
 #[path = "support/runtimes.rs"]
 mod runtimes;
 use runtimes::{Hosts, RtThread, run_on};
+#[path = "support/wire.rs"]
+mod wire;
+use wire::Wire;
 
 verb! { /** Echo. */ pub struct Echo: request "app.bench" / "echo", Bootstrap, String => String; }
 verb! { /** A 64 B note. */ pub struct Note: notification "app.bench" / "note", Bootstrap, String; }
@@ -112,6 +118,7 @@ impl Opts {
             Which::Rtt => (20_000, 500),
             Which::Pipe => (300_000, 5_000),
             Which::Faf | Which::Tick => (1_000_000, 20_000),
+            Which::Connect => (300, 20),
         };
         self.n.unwrap_or(if self.quick { quick } else { full })
     }
@@ -198,158 +205,42 @@ impl Stack {
 
 const STACKS: [Stack; 3] = [Stack::Capwire, Stack::Snow, Stack::Raw];
 
-fn snow_builder(secret: &[u8]) -> snow::Builder<'_> {
-    snow::Builder::new(PROTOCOL_NAME.parse().unwrap())
-        .local_private_key(secret)
-        .unwrap()
-        .prologue(PROLOGUE)
-        .unwrap()
-}
-
-async fn write_framed(s: &mut TcpStream, msg: &[u8]) {
-    let mut framed = u16::try_from(msg.len()).unwrap().to_be_bytes().to_vec();
-    framed.extend_from_slice(msg);
-    s.write_all(&framed).await.unwrap();
-}
-
-async fn read_framed(s: &mut TcpStream) -> Vec<u8> {
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len).await.unwrap();
-    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    s.read_exact(&mut buf).await.unwrap();
-    buf
-}
-
-/// The Noise XX handshake, unbuffered, as the transport bench does it.
-async fn snow_handshake(s: &mut TcpStream, initiator: bool) -> snow::TransportState {
-    let key = snow_builder(&[0; 32]).generate_keypair().unwrap().private;
-    let mut out = vec![0u8; 65535];
-    let hs = if initiator {
-        let mut hs = snow_builder(&key).build_initiator().unwrap();
-        let n = hs.write_message(&[], &mut out).unwrap();
-        write_framed(s, &out[..n]).await;
-        let msg = read_framed(s).await;
-        hs.read_message(&msg, &mut out).unwrap();
-        let n = hs.write_message(&[], &mut out).unwrap();
-        write_framed(s, &out[..n]).await;
-        hs
-    } else {
-        let mut hs = snow_builder(&key).build_responder().unwrap();
-        let msg = read_framed(s).await;
-        hs.read_message(&msg, &mut out).unwrap();
-        let n = hs.write_message(&[], &mut out).unwrap();
-        write_framed(s, &out[..n]).await;
-        let msg = read_framed(s).await;
-        hs.read_message(&msg, &mut out).unwrap();
-        hs
-    };
-    hs.into_transport_mode().unwrap()
-}
-
-/// One end of a baseline connection.
-struct Wire {
-    r: BufReader<OwnedReadHalf>,
-    w: BufWriter<OwnedWriteHalf>,
-    noise: Option<Box<snow::TransportState>>,
-    out: Vec<u8>,
-    inb: Vec<u8>,
-}
-
-impl Wire {
-    async fn open(mut s: TcpStream, stack: Stack, initiator: bool) -> Self {
-        s.set_nodelay(true).unwrap();
-        let noise = match stack {
-            Stack::Snow => Some(Box::new(snow_handshake(&mut s, initiator).await)),
-            _ => None,
-        };
-        let (r, w) = s.into_split();
-        Self {
-            r: BufReader::with_capacity(64 * 1024, r),
-            w: BufWriter::with_capacity(64 * 1024, w),
-            noise,
-            out: vec![0u8; 2 + 65535],
-            inb: Vec::new(),
-        }
-    }
-
-    /// snow: one `write_all` per message; raw: into the `BufWriter`.
-    async fn send(&mut self, payload: &[u8]) {
-        match &mut self.noise {
-            Some(t) => {
-                let n = t.write_message(payload, &mut self.out[2..]).unwrap();
-                self.out[..2].copy_from_slice(&u16::try_from(n).unwrap().to_be_bytes());
-                self.w
-                    .get_mut()
-                    .write_all(&self.out[..2 + n])
-                    .await
-                    .unwrap();
-            }
-            None => {
-                let len = u16::try_from(payload.len()).unwrap().to_be_bytes();
-                self.w.write_all(&len).await.unwrap();
-                self.w.write_all(payload).await.unwrap();
-            }
-        }
-    }
-
-    async fn flush(&mut self) {
-        self.w.flush().await.unwrap();
-    }
-
-    /// Whether a message may be waiting in the read buffer.
-    fn buffered(&self) -> bool {
-        !self.r.buffer().is_empty()
-    }
-
-    /// The next message's payload into `into`; false at the end.
-    async fn recv(&mut self, into: &mut Vec<u8>) -> bool {
-        let mut len = [0u8; 2];
-        if self.r.read_exact(&mut len).await.is_err() {
-            return false;
-        }
-        let n = usize::from(u16::from_be_bytes(len));
-        match &mut self.noise {
-            Some(t) => {
-                self.inb.resize(n, 0);
-                if self.r.read_exact(&mut self.inb).await.is_err() {
-                    return false;
-                }
-                into.resize(n, 0);
-                let p = t.read_message(&self.inb, into).unwrap();
-                into.truncate(p);
-            }
-            None => {
-                into.resize(n, 0);
-                if self.r.read_exact(into).await.is_err() {
-                    return false;
-                }
-            }
-        }
-        true
-    }
-}
-
 enum Serve {
     Echo,
+    /// Echoes on every connection it accepts, each on its own task.
+    EchoAll(Stack),
     /// Receives `n` messages and reports when the last one arrived.
     Sink(u64, oneshot::Sender<Instant>),
+}
+
+async fn echo_on(mut wire: Wire) {
+    let mut msg = Vec::new();
+    while wire.recv(&mut msg).await {
+        wire.send(&msg).await;
+        if !wire.buffered() {
+            wire.flush().await;
+        }
+    }
 }
 
 async fn serve(stack: Stack, mode: Serve, ready: oneshot::Sender<std::net::SocketAddr>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     ready.send(listener.local_addr().unwrap()).unwrap();
+    if let Serve::EchoAll(stack) = mode {
+        let mut conns = tokio::task::JoinSet::new();
+        while let Ok((s, _)) = listener.accept().await {
+            conns.spawn(
+                async move { echo_on(Wire::open(s, stack == Stack::Snow, false).await).await },
+            );
+            while conns.try_join_next().is_some() {}
+        }
+        return;
+    }
     let (s, _) = listener.accept().await.unwrap();
-    let mut wire = Wire::open(s, stack, false).await;
+    let mut wire = Wire::open(s, stack == Stack::Snow, false).await;
     let mut msg = Vec::new();
     match mode {
-        Serve::Echo => {
-            while wire.recv(&mut msg).await {
-                wire.send(&msg).await;
-                if !wire.buffered() {
-                    wire.flush().await;
-                }
-            }
-        }
+        Serve::Echo | Serve::EchoAll(_) => echo_on(wire).await,
         Serve::Sink(n, last) => {
             for _ in 0..n {
                 assert!(wire.recv(&mut msg).await);
@@ -369,9 +260,17 @@ async fn baseline(server: Handle, stack: Stack, which: Which, n: u64) -> f64 {
     } else {
         Serve::Echo
     };
+    if which == Which::Connect {
+        return baseline_connect(server, stack, n).await;
+    }
     let srv = server.spawn(serve(stack, mode, ready_tx));
     let addr = ready_rx.await.unwrap();
-    let mut wire = Wire::open(TcpStream::connect(addr).await.unwrap(), stack, true).await;
+    let mut wire = Wire::open(
+        TcpStream::connect(addr).await.unwrap(),
+        stack == Stack::Snow,
+        true,
+    )
+    .await;
     let payload = [7u8; PAYLOAD];
     let mut msg = Vec::new();
     let start = Instant::now();
@@ -408,11 +307,41 @@ async fn baseline(server: Handle, stack: Stack, which: Which, n: u64) -> f64 {
             let end = last_rx.await.unwrap();
             rate_k(end - start, n)
         }
-        Which::Tick => unreachable!("capwire only"),
+        Which::Tick | Which::Connect => unreachable!("capwire only / baseline_connect"),
     };
     drop(wire);
     srv.await.unwrap();
     figure
+}
+
+/// `n` connections one after the other, each to its first echo (mean,
+/// µs); the server echoes on each (all kept open until the end).
+async fn baseline_connect(server: Handle, stack: Stack, n: u64) -> f64 {
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let srv = server.spawn(serve(stack, Serve::EchoAll(stack), ready_tx));
+    let addr = ready_rx.await.unwrap();
+    let payload = [7u8; PAYLOAD];
+    let mut msg = Vec::new();
+    let mut open = Vec::new();
+    let mut total = Duration::ZERO;
+    for _ in 0..n {
+        let start = Instant::now();
+        let mut wire = Wire::open(
+            TcpStream::connect(addr).await.unwrap(),
+            stack == Stack::Snow,
+            true,
+        )
+        .await;
+        wire.send(&payload).await;
+        wire.flush().await;
+        assert!(wire.recv(&mut msg).await);
+        total += start.elapsed();
+        assert_eq!(msg.len(), PAYLOAD);
+        open.push(wire);
+    }
+    drop(open);
+    srv.abort();
+    per_op_us(total, n)
 }
 
 // ---------------------------------------------------------------------------
@@ -501,6 +430,32 @@ impl CapwirePair {
     }
 }
 
+/// `n` client nodes (started first, not timed) each connect to the
+/// server and make one request, one after the other (mean, µs).
+async fn capwire_connect(addr: capwire::Addr, id: capwire::NodeId, n: u64) -> f64 {
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        nodes.push(
+            Node::builder(format!("bench-dialler-{i}"))
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    let payload = "x".repeat(PAYLOAD);
+    let mut total = Duration::ZERO;
+    for node in &nodes {
+        let start = Instant::now();
+        let peer = node.connect(&addr, Some(id)).await.unwrap();
+        let out = peer.request(Echo, payload.clone()).await.unwrap();
+        total += start.elapsed();
+        assert_eq!(out.len(), PAYLOAD);
+    }
+    let mut stops: FuturesUnordered<_> = nodes.iter().map(Node::shutdown).collect();
+    while stops.next().await.is_some() {}
+    per_op_us(total, n)
+}
+
 async fn capwire_figure(peer: Peer, arrivals: Arc<Arrivals>, which: Which, n: u64) -> f64 {
     let payload = "x".repeat(PAYLOAD);
     let start = Instant::now();
@@ -540,6 +495,7 @@ async fn capwire_figure(peer: Peer, arrivals: Arc<Arrivals>, which: Which, n: u6
             arrivals.reached.notified().await;
             rate_k(start.elapsed(), n)
         }
+        Which::Connect => unreachable!("capwire_connect"),
     }
 }
 
@@ -560,6 +516,7 @@ enum Which {
     Pipe,
     Faf,
     Tick,
+    Connect,
 }
 
 impl Which {
@@ -568,6 +525,7 @@ impl Which {
             Which::Rtt => "rtt",
             Which::Pipe => "pipe",
             Which::Faf | Which::Tick => "faf",
+            Which::Connect => "connect",
         }
     }
 
@@ -577,19 +535,20 @@ impl Which {
             Which::Pipe => "requests, 128 in flight",
             Which::Faf => "one-way 64 B messages",
             Which::Tick => "one-way u64 tick, capwire",
+            Which::Connect => "connect to first answer",
         }
     }
 
     fn unit(self) -> &'static str {
         match self {
-            Which::Rtt => "µs",
+            Which::Rtt | Which::Connect => "µs",
             Which::Pipe => "k req/s",
             Which::Faf | Which::Tick => "k msg/s",
         }
     }
 
     fn higher_is_better(self) -> bool {
-        self != Which::Rtt
+        !matches!(self, Which::Rtt | Which::Connect)
     }
 
     fn stacks(self) -> &'static [Stack] {
@@ -605,6 +564,7 @@ impl Which {
         let verdict = |ok: bool| if ok { "met" } else { "missed" };
         match self {
             Which::Rtt => format!("capwire/snow <= 1.10x: {}", verdict(capwire / snow <= 1.1)),
+            Which::Connect => format!("capwire/snow <= 1.00x: {}", verdict(capwire <= snow)),
             Which::Pipe => format!(
                 ">= 200 k req/s: {:.2}x, {}",
                 capwire / 200.0,
@@ -640,6 +600,10 @@ fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
                 continue;
             }
             let v = match stack {
+                Stack::Capwire if which == Which::Connect => {
+                    let (addr, id) = (pair.server.local_addrs()[0].clone(), pair.server.id());
+                    run_on(&p.client, capwire_connect(addr, id, n))
+                }
                 Stack::Capwire => run_on(
                     &p.client,
                     capwire_figure(pair.peer.clone(), pair.arrivals.clone(), which, n),
@@ -656,7 +620,9 @@ fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
     let [c, s, r] = best;
     let target = match (c, s) {
         (Some(c), Some(s)) => which.target(c, s),
-        (Some(c), None) if which != Which::Rtt => which.target(c, f64::NAN),
+        (Some(c), None) if !matches!(which, Which::Rtt | Which::Connect) => {
+            which.target(c, f64::NAN)
+        }
         _ => String::new(),
     };
     println!(
@@ -704,7 +670,13 @@ fn main() {
         placements.push(Placement::split());
     }
     let pairs: Vec<CapwirePair> = placements.iter().map(CapwirePair::start).collect();
-    for which in [Which::Rtt, Which::Pipe, Which::Faf, Which::Tick] {
+    for which in [
+        Which::Rtt,
+        Which::Pipe,
+        Which::Faf,
+        Which::Tick,
+        Which::Connect,
+    ] {
         if !wanted(&opts.sections, which.section()) {
             continue;
         }

@@ -97,9 +97,9 @@ async fn a_configuration_a_bind_answer_could_not_carry_is_refused_before_it_is_w
 #[tokio::test]
 async fn a_bind_whose_answer_would_not_reach_the_control_plane_is_not_made() {
     let b = bind_new(listening("node")).await;
-    // A configuration near its bound: with the manifest, the bind's answer
+    // The largest configuration kept: with the manifest, the bind's answer
     // is larger than the smallest max_record a peer may announce.
-    let value = RawValue::encode(&"z".repeat(60 * 1024)).unwrap();
+    let value = RawValue::encode(&"z".repeat(63 * 1024 - 3)).unwrap();
     set_config(&b.peer, value).await.unwrap();
     b.peer
         .request_within(MonitoringDisable, NoArgs {}, CALL)

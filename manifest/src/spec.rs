@@ -127,8 +127,10 @@ impl<H> VerbSpec<H> {
             name: V::VERB.to_owned(),
             kind: V::KIND,
             class: Some(V::CLASS),
-            args_schema: Some(schema_text_for::<V::Args>(V::CAP)),
-            result_schema: declares.then(|| schema_text_for::<V::Output>(V::CAP)),
+            args_schema: schema_text_for::<V::Args>(V::CAP),
+            result_schema: declares
+                .then(|| schema_text_for::<V::Output>(V::CAP))
+                .flatten(),
             declares_result: declares,
             handler: Some(handler),
         }
@@ -174,44 +176,13 @@ pub(crate) fn schema_text<T: JsonSchema>() -> String {
         .to_string()
 }
 
-/// The schema of a verb of capability `cap`: the framework's own
-/// (`core.*`, specified in WIRE.md) go without their `description` and
-/// `title` texts, which would otherwise be most of every hello; an
-/// application's keep theirs (its documentation for callers).
-fn schema_text_for<T: JsonSchema>(cap: &str) -> String {
-    if !cap.starts_with("core.") {
-        return schema_text::<T>();
-    }
-    let mut schema = SchemaGenerator::default()
-        .into_root_schema_for::<T>()
-        .to_value();
-    strip_texts(&mut schema);
-    schema.to_string()
-}
-
-fn strip_texts(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(map) => {
-            // Only the annotation keywords: a property named
-            // `description` (under `properties`) is kept.
-            for key in ["description", "title"] {
-                if map.get(key).is_some_and(serde_json::Value::is_string) {
-                    map.remove(key);
-                }
-            }
-            for (key, child) in map.iter_mut() {
-                if key == "properties" || key == "$defs" {
-                    if let serde_json::Value::Object(named) = child {
-                        named.values_mut().for_each(strip_texts);
-                    }
-                } else {
-                    strip_texts(child);
-                }
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_texts),
-        _ => {}
-    }
+/// The schema of a verb of capability `cap`, as its manifest carries it:
+/// an application's (its documentation for callers), and none for the
+/// framework's own `core.*` verbs, which WIRE.md specifies: their schemas
+/// would otherwise be most of every hello, sent on every session to peers
+/// that never read them.
+fn schema_text_for<T: JsonSchema>(cap: &str) -> Option<String> {
+    (!cap.starts_with("core.")).then(schema_text::<T>)
 }
 
 #[cfg(test)]
@@ -229,20 +200,15 @@ mod schema_tests {
     }
 
     #[test]
-    fn core_schemas_go_without_annotations_and_app_schemas_keep_them() {
+    fn app_schemas_keep_their_texts_and_core_verbs_carry_none() {
         let app: serde_json::Value =
-            serde_json::from_str(&schema_text_for::<Doc>("app.x")).unwrap();
+            serde_json::from_str(&schema_text_for::<Doc>("app.x").unwrap()).unwrap();
         assert_eq!(
             app["description"],
             "Documented, with a field named `description`."
         );
         assert_eq!(app["properties"]["n"]["description"], "A count.");
-        let core: serde_json::Value =
-            serde_json::from_str(&schema_text_for::<Doc>("core.x")).unwrap();
-        assert!(core.get("description").is_none() && core.get("title").is_none());
-        // The property named `description` stays; only annotations go.
-        assert_eq!(core["properties"]["description"]["type"], "string");
-        assert!(core["properties"]["n"].get("description").is_none());
-        assert_eq!(core["required"], serde_json::json!(["description", "n"]));
+        assert_eq!(app["required"], serde_json::json!(["description", "n"]));
+        assert_eq!(schema_text_for::<Doc>("core.x"), None);
     }
 }

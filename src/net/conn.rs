@@ -47,7 +47,7 @@ use crate::proto::session::{End, Event, Ticket};
 use crate::stats::{HandshakeFailure, NetCounters, OpenSession};
 
 /// A fresh read buffer, for a quiet session.
-const READ_SMALL: usize = 4 * 1024;
+const READ_SMALL: usize = 2 * 1024;
 /// A read buffer for a busy one: a whole Noise message with its prefix.
 const READ_LARGE: usize = 66 * 1024;
 /// The driver makes room when less than this is free before a read.
@@ -60,8 +60,28 @@ const READS_PER_PASS: usize = 16;
 const PASSES: usize = 16;
 /// A quiet session returns its buffers after this long.
 const RELEASE_AFTER: Duration = Duration::from_secs(2);
+/// Read buffers above `READ_SMALL` and output buffers above `WRITE_KEEP`
+/// (grown for a hello or a busy moment) go back after this long without
+/// traffic in their direction: memory follows what the session carries,
+/// without reallocating on every pass of a busy one.
+const SHRINK_AFTER: Duration = Duration::from_millis(50);
+/// The output buffer a session keeps until it is quiet.
+const WRITE_KEEP: usize = 2 * 1024;
 /// After its close, how long a side keeps reading (and discarding).
 const LINGER: Duration = Duration::from_secs(1);
+
+/// How long after the last write the output buffer is given back, if
+/// it holds one that can be (nothing in it, nobody writing it).
+fn out_release_after(enc: &capwire_transport::RecordEncoder, busy: bool) -> Option<Duration> {
+    if busy || enc.buffered() > 0 || enc.buffer_capacity() == 0 {
+        return None;
+    }
+    Some(if enc.buffer_capacity() > WRITE_KEEP {
+        SHRINK_AFTER
+    } else {
+        RELEASE_AFTER
+    })
+}
 
 /// Timers of a connection.
 #[derive(Debug, Clone, Copy)]
@@ -136,6 +156,8 @@ pub(crate) async fn drive<G: Send + 'static>(
         reader,
         dec: decoder,
         rbuf: leftover,
+        read_full: false,
+        rbuf_alloc: usize::MAX,
         records: Vec::new(),
         events: Vec::new(),
         finished: Vec::new(),
@@ -170,6 +192,12 @@ struct Driver {
     reader: Box<dyn Reader>,
     dec: RecordDecoder,
     rbuf: BytesMut,
+    /// The last read filled the buffer.
+    read_full: bool,
+    /// The size the read buffer was allocated with (its `capacity()`
+    /// shrinks as records are split off it); the handshake's buffer counts
+    /// as large.
+    rbuf_alloc: usize,
     records: Vec<Bytes>,
     events: Vec<Event<Waiter, Job, Arc<StreamSink>>>,
     finished: Vec<(Ticket, Option<Finished>)>,
@@ -281,7 +309,13 @@ impl Driver {
                     }
                     return false;
                 }
-                Poll::Ready(Ok(_)) => self.decode(now),
+                Poll::Ready(Ok(_)) => {
+                    self.read_full = self.rbuf.len() == self.rbuf.capacity();
+                    self.decode(now);
+                    // The decoder grows the buffer for a message that
+                    // does not fit.
+                    self.rbuf_alloc = self.rbuf_alloc.max(self.rbuf.capacity());
+                }
                 Poll::Ready(Err(e)) => {
                     self.read_done = true;
                     self.lose(format!("read failed: {e}"));
@@ -335,16 +369,22 @@ impl Driver {
         if spare >= READ_LOW_WATER {
             return;
         }
-        if self.rbuf.capacity() > 0 && self.rbuf.try_reclaim(READ_LOW_WATER) {
+        // A read that filled a small buffer asks for a large one at once
+        // (reclaiming the small one would read a busy stream in small
+        // pieces).
+        let filled = self.read_full && self.rbuf.capacity() < READ_LARGE;
+        if !filled && self.rbuf.capacity() > 0 && self.rbuf.try_reclaim(READ_LOW_WATER) {
             return;
         }
         // A buffer that filled up asks for a large one next.
-        let size = if self.rbuf.capacity() >= READ_SMALL {
+        let size = if filled || self.rbuf.capacity() >= READ_SMALL {
             READ_LARGE
         } else {
             READ_SMALL
         };
-        let mut fresh = BytesMut::with_capacity(size.max(self.rbuf.len() + READ_LOW_WATER));
+        let size = size.max(self.rbuf.len() + READ_LOW_WATER);
+        self.rbuf_alloc = size;
+        let mut fresh = BytesMut::with_capacity(size);
         fresh.extend_from_slice(&self.rbuf);
         self.rbuf = fresh;
     }
@@ -555,7 +595,9 @@ impl Driver {
         {
             state.tx.failed = true;
         }
-        if !state.tx.busy && now.saturating_duration_since(state.tx.last_write) >= RELEASE_AFTER {
+        if let Some(after) = out_release_after(&state.tx.enc, state.tx.busy)
+            && now.saturating_duration_since(state.tx.last_write) >= after
+        {
             state.tx.enc.release_buffer();
         }
         drop(state);
@@ -567,33 +609,60 @@ impl Driver {
             self.failed = true;
             self.lose("the peer took none of our bytes within the write deadline".into());
         }
-        if self.rbuf.is_empty()
-            && self.rbuf.capacity() > 0
-            && now.saturating_duration_since(self.last_rx) >= RELEASE_AFTER
+        let since_read = now.saturating_duration_since(self.last_rx);
+        if let Some(after) = self.read_release_after()
+            && since_read >= after
         {
-            // Quiet: give back the buffers a busy session grew.
+            // A large read buffer goes soon, a small one once quiet.
             self.rbuf = BytesMut::new();
-            self.records = Vec::new();
-            self.events = Vec::new();
-            self.finished = Vec::new();
-            if self.jobs.is_empty() {
+            self.rbuf_alloc = 0;
+        }
+        if since_read >= RELEASE_AFTER {
+            // Quiet: give back what a busy moment grew. (Not a reason to
+            // wake: a quiet session wakes for the read buffer or its
+            // keepalive, and gives these back then.)
+            if self.records.is_empty() && self.records.capacity() > 0 {
+                self.records = Vec::new();
+            }
+            if self.events.is_empty() && self.events.capacity() > 0 {
+                self.events = Vec::new();
+            }
+            if self.finished.is_empty() && self.finished.capacity() > 0 {
+                self.finished = Vec::new();
+            }
+            if self.jobs.is_empty() && self.jobs.capacity() > 0 {
                 self.jobs = HashMap::new();
             }
-            if self.credits.is_empty() {
+            if self.credits.is_empty() && self.credits.capacity() > 0 {
                 self.credits = HashMap::new();
             }
         }
     }
 
+    /// How long after the last read the read buffer is given back, if it
+    /// holds one that can be (empty): one grown past `READ_SMALL` soon,
+    /// a small one once the session is quiet.
+    fn read_release_after(&self) -> Option<Duration> {
+        if !self.rbuf.is_empty() || self.rbuf.capacity() == 0 {
+            return None;
+        }
+        Some(if self.rbuf_alloc > READ_SMALL {
+            SHRINK_AFTER
+        } else {
+            RELEASE_AFTER
+        })
+    }
+
     fn arm_timer(&mut self, cx: &mut Context<'_>, now: Instant) {
         let timing = self.env.timing;
-        let (last_write, core_timeout, transport_closed, closing) = {
+        let (last_write, core_timeout, transport_closed, closing, out_release) = {
             let state = self.session.state();
             (
                 state.tx.last_write,
                 state.core.poll_timeout(),
                 state.tx.transport_closed,
                 state.core.is_closing(),
+                out_release_after(&state.tx.enc, state.tx.busy),
             )
         };
         // Once closing, the idle deadline has done its work (it may be what
@@ -619,8 +688,13 @@ impl Driver {
         if let Some(t) = self.linger_until {
             next = next.min(t);
         }
-        if self.rbuf.capacity() > 0 && self.rbuf.is_empty() {
-            next = next.min(self.last_rx + RELEASE_AFTER);
+        // Only for buffers `timers` can give back, so that the timer is
+        // never armed in the past for one it cannot.
+        if let Some(after) = self.read_release_after() {
+            next = next.min(self.last_rx + after);
+        }
+        if let Some(after) = out_release {
+            next = next.min(last_write + after);
         }
         let next = tokio::time::Instant::from_std(next.max(now));
         // The timer is only moved earlier; a deadline that moved later is

@@ -75,9 +75,15 @@ pub(crate) struct Server {
 /// the socket, they wait for the state directory to be free).
 pub(crate) fn serve(ctx: Arc<Ctx>) -> Option<Server> {
     let path = socket_path(ctx.dir());
-    // We hold the state's lock, so a socket file left here is stale.
+    // We hold the state's lock, so socket files left here are stale. The
+    // socket is bound under another name, made private, then renamed into
+    // place: whoever finds `ctl.sock` finds it private (the directory is
+    // the owner's own, checked when the state was opened, so nobody else
+    // reached the other name while it had the umask's mode).
+    let staged = path.with_extension("sock.new");
     let _ = std::fs::remove_file(&path);
-    let listener = match UnixListener::bind(&path) {
+    let _ = std::fs::remove_file(&staged);
+    let listener = match UnixListener::bind(&staged) {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(
@@ -87,15 +93,18 @@ pub(crate) fn serve(ctx: Arc<Ctx>) -> Option<Server> {
             return None;
         }
     };
-    // Bound inside the owner's own directory (checked when the state was
-    // opened), so nobody else reached it while it had the umask's mode.
-    if let Err(e) = std::fs::set_permissions(&path, Permissions::from_mode(0o600)) {
+    let placed = std::fs::set_permissions(&staged, Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot make it private: {e}"))
+        .and_then(|()| {
+            std::fs::rename(&staged, &path).map_err(|e| format!("cannot put it in place: {e}"))
+        });
+    if let Err(e) = placed {
         tracing::warn!(
-            "cannot serve other ctl processes at {}: cannot make it private: {e}",
+            "cannot serve other ctl processes at {}: {e}",
             path.display()
         );
         drop(listener);
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&staged);
         return None;
     }
     let owner = rustix::process::geteuid().as_raw();
