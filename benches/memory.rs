@@ -1158,7 +1158,8 @@ fn scale(rt: &Runtime, quick: bool) {
             }
             (lat, fail)
         });
-        dialling += took.elapsed();
+        let dialled = took.elapsed();
+        dialling += dialled;
         for e in fail {
             *failures.entry(e).or_default() += 1;
         }
@@ -1169,7 +1170,7 @@ fn scale(rt: &Runtime, quick: bool) {
         println!(
             "  {:>8} {:>10} {:>10} {:>10} {:>10} {:>14} {:>14}",
             m.sessions,
-            ms(took.elapsed()),
+            ms(dialled),
             ms(percentile(&lat, 0.5)),
             ms(percentile(&lat, 0.99)),
             ms(lat.last().copied().unwrap_or_default()),

@@ -4,7 +4,8 @@
 //! one host share theirs).
 //!
 //! - capwire: a `capwire node` process (the command users run: its
-//!   `app.agent/echo` answers `NAME: TEXT`, `app.agent/note` counts) and a
+//!   `app.agent/echo` answers `NAME: TEXT`, `app.agent/note` counts; run
+//!   with `RUST_LOG=warn`, as its note logs at `info`) and a
 //!   capwire node in this process calling it;
 //! - snow: this binary started again as a snow echo server
 //!   (`Noise_XX_25519_ChaChaPoly_BLAKE2s`, one Noise message per payload,
@@ -113,6 +114,8 @@ impl Server {
     fn capwire() -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_capwire"))
             .args(["node", "--no-invite", "--json", "--name", "bench"])
+            // Its note handler logs each note at `info`: not what is measured.
+            .env("RUST_LOG", "warn")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -124,7 +127,7 @@ impl Server {
             (out.read_line(&mut line).ok()? > 0).then_some(line)
         })
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(&line).ok())
-        .find(|v| v["event"] == "ready");
+        .find(|v| v["node_id"].is_string());
         let Some(v) = ready else {
             let _ = child.kill();
             let _ = child.wait();
