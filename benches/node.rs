@@ -52,8 +52,6 @@ use std::time::{Duration, Instant};
 
 use capwire::manifest::verb;
 use capwire::{Capability, HandlerError, Limits, Node, Peer, State};
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot};
@@ -61,6 +59,8 @@ use tokio::sync::{Notify, oneshot};
 #[path = "support/runtimes.rs"]
 mod runtimes;
 use runtimes::{Hosts, RtThread, run_on};
+#[path = "support/calls.rs"]
+mod calls;
 #[path = "support/wire.rs"]
 mod wire;
 use wire::Wire;
@@ -285,18 +285,7 @@ async fn baseline(server: Handle, stack: Stack, which: Which, n: u64) -> f64 {
             per_op_us(start.elapsed(), n)
         }
         Which::Pipe => {
-            let (mut sent, mut done) = (0u64, 0u64);
-            while done < n {
-                while sent - done < WINDOW as u64 && sent < n {
-                    wire.send(&payload).await;
-                    sent += 1;
-                }
-                if !wire.buffered() {
-                    wire.flush().await;
-                }
-                assert!(wire.recv(&mut msg).await);
-                done += 1;
-            }
+            wire.pipelined(&payload, n, WINDOW as u64).await;
             rate_k(start.elapsed(), n)
         }
         Which::Faf => {
@@ -430,32 +419,6 @@ impl CapwirePair {
     }
 }
 
-/// `n` client nodes (started first, not timed) each connect to the
-/// server and make one request, one after the other (mean, µs).
-async fn capwire_connect(addr: capwire::Addr, id: capwire::NodeId, n: u64) -> f64 {
-    let mut nodes = Vec::new();
-    for i in 0..n {
-        nodes.push(
-            Node::builder(format!("bench-dialler-{i}"))
-                .start()
-                .await
-                .unwrap(),
-        );
-    }
-    let payload = "x".repeat(PAYLOAD);
-    let mut total = Duration::ZERO;
-    for node in &nodes {
-        let start = Instant::now();
-        let peer = node.connect(&addr, Some(id)).await.unwrap();
-        let out = peer.request(Echo, payload.clone()).await.unwrap();
-        total += start.elapsed();
-        assert_eq!(out.len(), PAYLOAD);
-    }
-    let mut stops: FuturesUnordered<_> = nodes.iter().map(Node::shutdown).collect();
-    while stops.next().await.is_some() {}
-    per_op_us(total, n)
-}
-
 async fn capwire_figure(peer: Peer, arrivals: Arc<Arrivals>, which: Which, n: u64) -> f64 {
     let payload = "x".repeat(PAYLOAD);
     let start = Instant::now();
@@ -468,18 +431,7 @@ async fn capwire_figure(peer: Peer, arrivals: Arc<Arrivals>, which: Which, n: u6
             per_op_us(start.elapsed(), n)
         }
         Which::Pipe => {
-            let mut in_flight = FuturesUnordered::new();
-            let (mut sent, mut done) = (0u64, 0u64);
-            while done < n {
-                while in_flight.len() < WINDOW && sent < n {
-                    in_flight.push(peer.request(Echo, payload.clone()));
-                    sent += 1;
-                }
-                if let Some(r) = in_flight.next().await {
-                    assert_eq!(r.unwrap().len(), PAYLOAD);
-                    done += 1;
-                }
-            }
+            calls::pipelined(&peer, Echo, &payload, n, WINDOW).await;
             rate_k(start.elapsed(), n)
         }
         Which::Faf | Which::Tick => {
@@ -495,7 +447,7 @@ async fn capwire_figure(peer: Peer, arrivals: Arc<Arrivals>, which: Which, n: u6
             arrivals.reached.notified().await;
             rate_k(start.elapsed(), n)
         }
-        Which::Connect => unreachable!("capwire_connect"),
+        Which::Connect => unreachable!("calls::connect_each"),
     }
 }
 
@@ -602,7 +554,12 @@ fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
             let v = match stack {
                 Stack::Capwire if which == Which::Connect => {
                     let (addr, id) = (pair.server.local_addrs()[0].clone(), pair.server.id());
-                    run_on(&p.client, capwire_connect(addr, id, n))
+                    run_on(&p.client, async move {
+                        per_op_us(
+                            calls::connect_each(&addr, id, n, Echo, &"x".repeat(PAYLOAD)).await,
+                            1,
+                        )
+                    })
                 }
                 Stack::Capwire => run_on(
                     &p.client,

@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use capwire::manifest::verb;
 use capwire::{Addr, Node, NodeId, Peer};
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "support/calls.rs"]
+mod calls;
 #[path = "support/wire.rs"]
 mod wire;
 use wire::Wire;
@@ -247,18 +247,7 @@ async fn baseline(addr: &str, noise: bool, which: Which, n: u64) -> f64 {
         }
         Which::Pipe => {
             payload[0] = ECHO;
-            let (mut sent, mut done) = (0u64, 0u64);
-            while done < n {
-                while sent - done < WINDOW as u64 && sent < n {
-                    wire.send(&payload).await;
-                    sent += 1;
-                }
-                if !wire.buffered() {
-                    wire.flush().await;
-                }
-                assert!(wire.recv(&mut msg).await);
-                done += 1;
-            }
+            wire.pipelined(&payload, n, WINDOW as u64).await;
             rate_k(start.elapsed(), n)
         }
         Which::Faf => {
@@ -287,18 +276,7 @@ async fn capwire_figure(peer: &Peer, which: Which, n: u64) -> f64 {
             per_op_us(start.elapsed(), n)
         }
         Which::Pipe => {
-            let mut in_flight = FuturesUnordered::new();
-            let (mut sent, mut done) = (0u64, 0u64);
-            while done < n {
-                while in_flight.len() < WINDOW && sent < n {
-                    in_flight.push(peer.request(Echo, payload.clone()));
-                    sent += 1;
-                }
-                if let Some(r) = in_flight.next().await {
-                    r.unwrap();
-                    done += 1;
-                }
-            }
+            calls::pipelined(peer, Echo, &payload, n, WINDOW).await;
             rate_k(start.elapsed(), n)
         }
         Which::Faf => {
@@ -310,33 +288,8 @@ async fn capwire_figure(peer: &Peer, which: Which, n: u64) -> f64 {
             peer.request(Echo, payload.clone()).await.unwrap();
             rate_k(start.elapsed(), n)
         }
-        Which::Connect => unreachable!("capwire_connect"),
+        Which::Connect => unreachable!("calls::connect_each"),
     }
-}
-
-/// `n` client nodes (started first, not timed) each connect and make one
-/// request, one after the other (mean, µs).
-async fn capwire_connect(addr: &Addr, id: NodeId, n: u64) -> f64 {
-    let mut nodes = Vec::new();
-    for i in 0..n {
-        nodes.push(
-            Node::builder(format!("bench-dialler-{i}"))
-                .start()
-                .await
-                .unwrap(),
-        );
-    }
-    let payload = "x".repeat(PAYLOAD);
-    let mut total = Duration::ZERO;
-    for node in &nodes {
-        let start = Instant::now();
-        let peer = node.connect(addr, Some(id)).await.unwrap();
-        peer.request(Echo, payload.clone()).await.unwrap();
-        total += start.elapsed();
-    }
-    let mut stops: FuturesUnordered<_> = nodes.iter().map(Node::shutdown).collect();
-    while stops.next().await.is_some() {}
-    per_op_us(total, n)
 }
 
 fn per_op_us(total: Duration, n: u64) -> f64 {
@@ -392,9 +345,11 @@ fn main() {
             {
                 let v = rt.block_on(async {
                     match stack {
-                        Stack::Capwire if which == Which::Connect => {
-                            capwire_connect(&cw_addr, cw_id, n).await
-                        }
+                        Stack::Capwire if which == Which::Connect => per_op_us(
+                            calls::connect_each(&cw_addr, cw_id, n, Echo, &"x".repeat(PAYLOAD))
+                                .await,
+                            1,
+                        ),
                         Stack::Capwire => capwire_figure(&peer, which, n).await,
                         Stack::Snow => baseline(&servers[1].addr, true, which, n).await,
                         Stack::Raw => baseline(&servers[2].addr, false, which, n).await,

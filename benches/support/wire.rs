@@ -143,3 +143,23 @@ impl Wire {
         true
     }
 }
+
+impl Wire {
+    /// Sends `n` messages of `payload` with up to `window` unanswered,
+    /// reading one answer for each; flushes only when about to wait.
+    pub(crate) async fn pipelined(&mut self, payload: &[u8], n: u64, window: u64) {
+        let mut msg = Vec::new();
+        let (mut sent, mut done) = (0u64, 0u64);
+        while done < n {
+            while sent - done < window && sent < n {
+                self.send(payload).await;
+                sent += 1;
+            }
+            if !self.buffered() {
+                self.flush().await;
+            }
+            assert!(self.recv(&mut msg).await);
+            done += 1;
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! capwire's side of the figures two benches share.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use capwire::manifest::RequestVerb;
+use capwire::{Addr, Node, NodeId, Peer};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+
+/// `n` requests of `verb` with `args`, up to `window` in flight.
+pub(crate) async fn pipelined<V>(peer: &Peer, verb: V, args: &str, n: u64, window: usize)
+where
+    V: RequestVerb<Args = String> + Copy,
+{
+    let mut in_flight = FuturesUnordered::new();
+    let (mut sent, mut done) = (0u64, 0u64);
+    while done < n {
+        while in_flight.len() < window && sent < n {
+            in_flight.push(peer.request(verb, args.to_owned()));
+            sent += 1;
+        }
+        if let Some(r) = in_flight.next().await {
+            r.unwrap();
+            done += 1;
+        }
+    }
+}
+
+/// `n` client nodes (started first, not timed) each connect to `addr`
+/// and make one request of `verb`, one after the other; the mean time
+/// from the connect to the answer.
+pub(crate) async fn connect_each<V>(
+    addr: &Addr,
+    id: NodeId,
+    n: u64,
+    verb: V,
+    args: &str,
+) -> Duration
+where
+    V: RequestVerb<Args = String> + Copy,
+{
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        nodes.push(
+            Node::builder(format!("bench-dialler-{i}"))
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut total = Duration::ZERO;
+    for node in &nodes {
+        let start = Instant::now();
+        let peer = node.connect(addr, Some(id)).await.unwrap();
+        peer.request(verb, args.to_owned()).await.unwrap();
+        total += start.elapsed();
+    }
+    let mut stops: FuturesUnordered<_> = nodes.iter().map(Node::shutdown).collect();
+    while stops.next().await.is_some() {}
+    total / u32::try_from(n.max(1)).unwrap()
+}
