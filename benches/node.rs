@@ -61,6 +61,7 @@ mod runtimes;
 use runtimes::{Hosts, RtThread, run_on};
 #[path = "support/calls.rs"]
 mod calls;
+use calls::{per_op_us, rate_k};
 #[path = "support/wire.rs"]
 mod wire;
 use wire::Wire;
@@ -453,14 +454,6 @@ async fn capwire_figure(peer: Peer, arrivals: Arc<Arrivals>, which: Which, n: u6
 
 // ---------------------------------------------------------------------------
 // Figures and the table
-
-fn per_op_us(total: Duration, n: u64) -> f64 {
-    total.as_secs_f64() * 1e6 / n as f64
-}
-
-fn rate_k(total: Duration, n: u64) -> f64 {
-    n as f64 / total.as_secs_f64() / 1e3
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {

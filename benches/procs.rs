@@ -24,7 +24,7 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use capwire::manifest::verb;
@@ -33,6 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 #[path = "support/calls.rs"]
 mod calls;
+use calls::{per_op_us, rate_k};
 #[path = "support/wire.rs"]
 mod wire;
 use wire::Wire;
@@ -110,18 +111,26 @@ struct Server {
     id: Option<NodeId>,
 }
 
+/// Starts a server process with piped input and output.
+fn spawn(cmd: &mut Command) -> (Child, BufReader<ChildStdout>) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
+
 impl Server {
     fn capwire() -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_capwire"))
-            .args(["node", "--no-invite", "--json", "--name", "bench"])
-            // Its note handler logs each note at `info`: not what is measured.
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (mut child, mut out) = spawn(
+            Command::new(env!("CARGO_BIN_EXE_capwire"))
+                .args(["node", "--no-invite", "--json", "--name", "bench"])
+                // Its note handler logs each note at `info`: not what is measured.
+                .env("RUST_LOG", "warn"),
+        );
         let ready = std::iter::from_fn(|| {
             let mut line = String::new();
             (out.read_line(&mut line).ok()? > 0).then_some(line)
@@ -141,14 +150,10 @@ impl Server {
     }
 
     fn baseline(noise: bool) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--serve", if noise { "snow" } else { "raw" }])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (child, mut out) = spawn(
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--serve", if noise { "snow" } else { "raw" }]),
+        );
         let mut line = String::new();
         out.read_line(&mut line).unwrap();
         Self {
@@ -290,14 +295,6 @@ async fn capwire_figure(peer: &Peer, which: Which, n: u64) -> f64 {
         }
         Which::Connect => unreachable!("calls::connect_each"),
     }
-}
-
-fn per_op_us(total: Duration, n: u64) -> f64 {
-    total.as_secs_f64() * 1e6 / n as f64
-}
-
-fn rate_k(total: Duration, n: u64) -> f64 {
-    n as f64 / total.as_secs_f64() / 1e3
 }
 
 fn main() {

@@ -1,4 +1,5 @@
-//! capwire's side of the figures two benches share.
+//! Figures the node and two-process benches share: capwire's pipelined
+//! requests and connects, and the units they are reported in.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
@@ -59,4 +60,14 @@ where
     let mut stops: FuturesUnordered<_> = nodes.iter().map(Node::shutdown).collect();
     while stops.next().await.is_some() {}
     total / u32::try_from(n.max(1)).unwrap()
+}
+
+/// Microseconds per operation.
+pub(crate) fn per_op_us(total: Duration, n: u64) -> f64 {
+    total.as_secs_f64() * 1e6 / n as f64
+}
+
+/// Thousands of operations per second.
+pub(crate) fn rate_k(total: Duration, n: u64) -> f64 {
+    n as f64 / total.as_secs_f64() / 1e3
 }
