@@ -29,7 +29,8 @@
 //!   sessions?), and both processes' CPU over 10 s with nothing sent (no
 //!   per-session timer but the 15 s keepalive). Needs `ulimit -n` of at
 //!   least 10,100 in each process (it says so, and skips, when lower);
-//!   `CAPWIRE_BENCH_SCALE_N` sets the count.
+//!   `CAPWIRE_BENCH_SCALE_N` sets the count, `CAPWIRE_BENCH_SCALE_PACE`
+//!   the pace.
 //! - `streams`: heap per open stream (protocol 2), per side, N streams on
 //!   one session with the callee in its own process: beside N pending
 //!   requests (the baseline), N idle streams (open, no item yet), N
@@ -1070,8 +1071,11 @@ fn fanin(rt: &Runtime, quick: bool) {
 /// The bench server's accept rate in the `scale` section (the default,
 /// 1,000/s, is a bound on floods; the bench paces below this).
 const SCALE_ACCEPT_RATE: u32 = 5_000;
-/// Connects per second the `scale` section paces its dialling at.
-const SCALE_PACE: u64 = 1_000;
+/// Connects per second the `scale` section paces its dialling at
+/// (`CAPWIRE_BENCH_SCALE_PACE` sets another).
+fn scale_pace() -> u64 {
+    env_usize("CAPWIRE_BENCH_SCALE_PACE").map_or(1_000, |p| u64::try_from(p.max(1)).unwrap())
+}
 
 /// User plus system CPU time from a `/proc/.../stat` file.
 fn cpu_of(path: &str) -> Duration {
@@ -1091,7 +1095,7 @@ fn cpu_of(path: &str) -> Duration {
 }
 
 /// One client node per session (a node keeps one session per peer)
-/// dials one server node in its own process, paced at [`SCALE_PACE`]
+/// dials one server node in its own process, paced at [`scale_pace`]
 /// connects per second, up to N (10,000; quick: 1,000) sessions, with
 /// checkpoints at a quarter and a half of N: at each, once its
 /// connects are done and the sessions have been quiet for 3 s, the
@@ -1099,10 +1103,11 @@ fn cpu_of(path: &str) -> Duration {
 /// process's CPU over 10 s with nothing sent.
 fn scale(rt: &Runtime, quick: bool) {
     let n = env_usize("CAPWIRE_BENCH_SCALE_N").unwrap_or(if quick { 1_000 } else { 10_000 });
+    let pace = scale_pace();
     println!(
         "scale: {n} client nodes, one session each, dial one node (its own process, \
          accept rate {SCALE_ACCEPT_RATE}/s, room for {n} sessions, other limits default), \
-         paced at {SCALE_PACE} connects/s"
+         paced at {pace} connects/s"
     );
     if let Some(limit) = open_files_limit() {
         let need = u64::try_from(n).unwrap() + 100;
@@ -1135,7 +1140,7 @@ fn scale(rt: &Runtime, quick: bool) {
         let batch: Vec<Node> = clients[done..stop].to_vec();
         let (addr, took) = (addr.clone(), Instant::now());
         let (mut lat, fail) = run_on(rt.handle(), async move {
-            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / SCALE_PACE));
+            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / pace));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             let mut tasks = Vec::with_capacity(batch.len());
             for node in batch {

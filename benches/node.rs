@@ -4,8 +4,9 @@
 //!
 //! - `rtt`: request/response round trip with a 64 B payload, one at a
 //!   time: a raw tokio TCP echo, a snow (`Noise_XX_25519_ChaChaPoly_BLAKE2s`)
-//!   echo, and capwire `Peer::request` to an echo handler that finishes
-//!   inline;
+//!   echo, a tarpc echo (bincode over plain TCP: an RPC framework with no
+//!   encryption at all), and capwire `Peer::request` to an echo handler
+//!   that finishes inline;
 //! - `pipe`: the same requests with 128 in flight, requests/s;
 //! - `faf`: fire-and-forget 64 B messages on one connection: capwire
 //!   notifications (envelopes/s) against one-way raw TCP and snow
@@ -36,7 +37,7 @@
 //!
 //! - `CAPWIRE_BENCH_ONLY=rtt,pipe,faf,connect`: sections (all by default);
 //! - `CAPWIRE_BENCH_PLACEMENT=shared,split`: placements (both by default);
-//! - `CAPWIRE_BENCH_STACK=capwire,snow,raw`: stacks (all by default);
+//! - `CAPWIRE_BENCH_STACK=capwire,snow,raw,tarpc`: stacks (all by default);
 //! - `CAPWIRE_BENCH_RT=current`: the shared placement on one
 //!   current-thread runtime instead of two workers;
 //! - `CAPWIRE_BENCH_N=count`: messages per run, for every selected section;
@@ -192,6 +193,7 @@ enum Stack {
     Capwire,
     Snow,
     Raw,
+    Tarpc,
 }
 
 impl Stack {
@@ -200,11 +202,12 @@ impl Stack {
             Stack::Capwire => "capwire",
             Stack::Snow => "snow",
             Stack::Raw => "raw",
+            Stack::Tarpc => "tarpc",
         }
     }
 }
 
-const STACKS: [Stack; 3] = [Stack::Capwire, Stack::Snow, Stack::Raw];
+const STACKS: [Stack; 4] = [Stack::Capwire, Stack::Snow, Stack::Raw, Stack::Tarpc];
 
 enum Serve {
     Echo,
@@ -332,6 +335,84 @@ async fn baseline_connect(server: Handle, stack: Stack, n: u64) -> f64 {
     drop(open);
     srv.abort();
     per_op_us(total, n)
+}
+
+// ---------------------------------------------------------------------------
+// Baseline: tarpc (bincode over TCP, no encryption), as its README serves
+
+#[tarpc::service]
+trait EchoRpc {
+    async fn echo(payload: Vec<u8>) -> Vec<u8>;
+}
+
+#[derive(Clone)]
+struct EchoServer;
+
+impl EchoRpc for EchoServer {
+    async fn echo(self, _: tarpc::context::Context, payload: Vec<u8>) -> Vec<u8> {
+        payload
+    }
+}
+
+async fn tarpc_figure(server: Handle, which: Which, n: u64) -> f64 {
+    use futures_util::StreamExt;
+    use tarpc::server::{BaseChannel, Channel};
+    use tarpc::tokio_serde::formats::Bincode;
+
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let srv = server.spawn(async move {
+        let mut listener = tarpc::serde_transport::tcp::listen("127.0.0.1:0", Bincode::default)
+            .await
+            .unwrap();
+        ready_tx.send(listener.local_addr()).unwrap();
+        let transport = listener.next().await.unwrap().unwrap();
+        BaseChannel::with_defaults(transport)
+            .execute(EchoServer.serve())
+            .for_each(|call| async move {
+                tokio::spawn(call);
+            })
+            .await;
+    });
+    let addr = ready_rx.await.unwrap();
+    let transport = tarpc::serde_transport::tcp::connect(addr, Bincode::default)
+        .await
+        .unwrap();
+    let client = EchoRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+    let payload = vec![7u8; PAYLOAD];
+    let start = Instant::now();
+    let figure = match which {
+        Which::Rtt => {
+            for _ in 0..n {
+                let out = client
+                    .echo(tarpc::context::current(), payload.clone())
+                    .await
+                    .unwrap();
+                assert_eq!(out.len(), PAYLOAD);
+            }
+            per_op_us(start.elapsed(), n)
+        }
+        Which::Pipe => {
+            let mut in_flight = futures_util::stream::FuturesUnordered::new();
+            let (mut sent, mut done) = (0u64, 0u64);
+            while done < n {
+                while in_flight.len() < WINDOW && sent < n {
+                    let (client, payload) = (client.clone(), payload.clone());
+                    in_flight
+                        .push(async move { client.echo(tarpc::context::current(), payload).await });
+                    sent += 1;
+                }
+                if let Some(r) = in_flight.next().await {
+                    assert_eq!(r.unwrap().len(), PAYLOAD);
+                    done += 1;
+                }
+            }
+            rate_k(start.elapsed(), n)
+        }
+        _ => unreachable!("tarpc runs rtt and pipe"),
+    };
+    drop(client);
+    srv.abort();
+    figure
 }
 
 // ---------------------------------------------------------------------------
@@ -497,18 +578,22 @@ impl Which {
     }
 
     fn stacks(self) -> &'static [Stack] {
-        if self == Which::Tick {
-            &STACKS[..1]
-        } else {
-            &STACKS
+        match self {
+            Which::Tick => &STACKS[..1],
+            Which::Rtt | Which::Pipe => &STACKS,
+            Which::Faf | Which::Connect => &STACKS[..3],
         }
     }
 
     /// The target, and whether the figures meet it.
-    fn target(self, capwire: f64, snow: f64) -> String {
+    fn target(self, capwire: f64, snow: f64, tarpc: Option<f64>) -> String {
         let verdict = |ok: bool| if ok { "met" } else { "missed" };
         match self {
-            Which::Rtt => format!("capwire/snow <= 1.10x: {}", verdict(capwire / snow <= 1.1)),
+            Which::Rtt => format!(
+                "capwire/snow <= 1.10x: {}; below tarpc: {}",
+                verdict(capwire / snow <= 1.1),
+                tarpc.map_or("-", |t| verdict(capwire < t))
+            ),
             Which::Connect => format!("capwire/snow <= 1.00x: {}", verdict(capwire <= snow)),
             Which::Pipe => format!(
                 ">= 200 k req/s: {:.2}x, {}",
@@ -538,7 +623,7 @@ fn fmt_ratio(a: Option<f64>, b: Option<f64>) -> String {
 /// Best of `opts.runs` interleaved runs of each stack; prints one row.
 fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
     let n = opts.count(which);
-    let mut best: [Option<f64>; 3] = [None; 3];
+    let mut best: [Option<f64>; 4] = [None; 4];
     for _ in 0..opts.runs {
         for (i, &stack) in which.stacks().iter().enumerate() {
             if !wanted(&opts.stacks, stack.name()) {
@@ -558,6 +643,7 @@ fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
                     &p.client,
                     capwire_figure(pair.peer.clone(), pair.arrivals.clone(), which, n),
                 ),
+                Stack::Tarpc => run_on(&p.client, tarpc_figure(p.server.clone(), which, n)),
                 _ => run_on(&p.client, baseline(p.server.clone(), stack, which, n)),
             };
             best[i] = Some(match best[i] {
@@ -567,31 +653,33 @@ fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
             });
         }
     }
-    let [c, s, r] = best;
+    let [c, s, r, t] = best;
     let target = match (c, s) {
-        (Some(c), Some(s)) => which.target(c, s),
+        (Some(c), Some(s)) => which.target(c, s, t),
         (Some(c), None) if !matches!(which, Which::Rtt | Which::Connect) => {
-            which.target(c, f64::NAN)
+            which.target(c, f64::NAN, t)
         }
         _ => String::new(),
     };
     println!(
-        "{:<6} {:<34} {:>9} {:>9} {:>9}  {:<8} {:>8} {:>8}  {target}",
+        "{:<6} {:<34} {:>9} {:>9} {:>9} {:>9}  {:<8} {:>8} {:>8} {:>8}  {target}",
         p.name,
         format!("{} ({n})", which.label()),
         fmt_figure(c),
         fmt_figure(s),
         fmt_figure(r),
+        fmt_figure(t),
         which.unit(),
         fmt_ratio(c, s),
         fmt_ratio(c, r),
+        fmt_ratio(c, t),
     );
 }
 
 fn main() {
     let opts = Opts::from_env();
     println!(
-        "capwire node vs snow vs raw tokio TCP, loopback, {PAYLOAD} B payload, \
+        "capwire node vs snow vs raw tokio TCP vs tarpc, loopback, {PAYLOAD} B payload, \
          best of {} interleaved runs{}",
         opts.runs,
         if opts.quick { " (quick)" } else { "" }
@@ -609,8 +697,8 @@ fn main() {
          (client node and caller | server node)"
     );
     println!(
-        "{:<6} {:<34} {:>9} {:>9} {:>9}  {:<8} {:>8} {:>8}  target",
-        "", "", "capwire", "snow", "raw tcp", "unit", "cw/snow", "cw/raw"
+        "{:<6} {:<34} {:>9} {:>9} {:>9} {:>9}  {:<8} {:>8} {:>8} {:>8}  target",
+        "", "", "capwire", "snow", "raw tcp", "tarpc", "unit", "cw/snow", "cw/raw", "cw/tarpc"
     );
     let mut placements = Vec::new();
     if wanted(&opts.placements, "shared") {

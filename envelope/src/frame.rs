@@ -741,7 +741,8 @@ pub fn encode_response_ok(
 }
 
 fn write_response_ok(out: &mut Vec<u8>, req_id: &ReqId, result: &[u8]) {
-    out.reserve(48 + result.len());
+    // The keys, the type and the headers take 33 bytes besides the id.
+    out.reserve(40 + req_id.as_bytes().len() + result.len());
     cbor::write_map(out, 4);
     write_type(out, FrameKind::Response);
     cbor::write_text(out, "req_id");

@@ -142,7 +142,9 @@ impl RawValue {
     /// # Errors
     /// As [`to_vec`].
     pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, EncodeError> {
-        to_vec(value).map(|v| Self(v.into()))
+        // A boxed slice (the vector shrunk in place) becomes `Bytes` with no
+        // shared header to allocate.
+        to_vec(value).map(|v| Self(v.into_boxed_slice().into()))
     }
 
     /// Decodes into `T`.

@@ -9,11 +9,15 @@ use capwire_envelope::{
 };
 use capwire_manifest::Manifest;
 
-/// Bytes a response frame needs besides its result or error.
+/// Bytes a response frame needs besides its `req_id` and its result or
+/// error.
 const RESPONSE_OVERHEAD: usize = 48;
 
+/// `out` as `Bytes` with no allocation besides its own: `Bytes::from` a
+/// vector with spare capacity allocates a shared header, a boxed slice
+/// (the vector shrunk in place) does not.
 fn frozen(out: Vec<u8>) -> Bytes {
-    Bytes::from(out)
+    Bytes::from(out.into_boxed_slice())
 }
 
 /// The hellos a node sends, one per protocol version (WIRE.md 4.1).
@@ -113,6 +117,7 @@ pub(crate) fn response(
 ) -> Bytes {
     let mut out = Vec::with_capacity(
         RESPONSE_OVERHEAD
+            + req_id.as_bytes().len()
             + match result {
                 Ok(v) => v.as_bytes().len(),
                 Err(e) => e.message.len() + e.detail.as_ref().map_or(0, |d| d.as_bytes().len()),
@@ -146,7 +151,8 @@ pub(crate) fn error(req_id: &ReqId, code: ErrorCode, message: &str) -> Bytes {
 
 /// A failed `response` frame carrying `body`.
 pub(crate) fn error_body(req_id: &ReqId, body: &ErrorBody) -> Bytes {
-    let mut out = Vec::with_capacity(RESPONSE_OVERHEAD + body.message.len());
+    let mut out =
+        Vec::with_capacity(RESPONSE_OVERHEAD + req_id.as_bytes().len() + body.message.len());
     // Only an empty req_id fails, and requests never have one.
     let _ = encode_response_err(&mut out, req_id, body);
     frozen(out)
