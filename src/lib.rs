@@ -198,6 +198,7 @@ pub use dispatch::error::HandlerError;
 pub use dispatch::extract::{Context, Extensions, FromContext, Meta, Sender, State};
 pub use dispatch::handler::{Handler, StreamHandler, TaskHandler};
 pub use dispatch::metrics::{MetricRow, MetricsSnapshot, Outcome};
+pub use dispatch::raw::RawVerb;
 pub use error::{CallError, NodeError};
 pub use invite::{Invite, InviteParseError, MAX_INVITE_LEN};
 pub use net::peers::Contact;

@@ -18,6 +18,7 @@ pub(crate) mod extract;
 pub(crate) mod handler;
 pub(crate) mod job;
 pub(crate) mod metrics;
+pub(crate) mod raw;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

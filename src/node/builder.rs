@@ -1,12 +1,13 @@
 //! [`NodeBuilder`] and [`Capability`]: what a node is made of, checked when
 //! it starts.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use capwire_authz::Authorizer;
-use capwire_envelope::NodeId;
-use capwire_manifest::Version;
+use capwire_envelope::{NodeId, RawValue};
+use capwire_manifest::{VerbKind, VerbSpec, Version};
 use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
 
 use crate::addr::Addr;
@@ -15,6 +16,7 @@ use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{
     Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, TaskHandler, TaskTyped, Typed,
 };
+use crate::dispatch::raw::{Raw, RawVerb};
 use crate::error::NodeError;
 use crate::host::Host;
 use crate::net::peers::Contact;
@@ -83,6 +85,57 @@ impl Capability {
     {
         let route: RouteHandler = Arc::new(RouteEntry::new(Typed::<V, M, H>::new(handler)));
         self.inner = self.inner.verb::<V>(route);
+        self
+    }
+
+    /// Adds a verb declared at run time, handled by `handler`: an async fn
+    /// taking the args as raw CBOR, the caller's [`Sender`](crate::Sender)
+    /// and the request's [`Meta`](crate::Meta), returning the result as
+    /// raw CBOR (a notification's result is dropped). For bindings and
+    /// bridges whose verbs have no Rust type; the chokepoint, deadlines,
+    /// cancellation and the replay ledger treat it as any other verb. The
+    /// handler checks the args itself: a mismatch should be answered
+    /// `bad_args`.
+    ///
+    /// ```
+    /// use capwire::{Capability, HandlerError, Meta, RawVerb, Sender};
+    /// use capwire::envelope::{ErrorCode, RawValue};
+    /// use capwire::manifest::DeclaredClass;
+    ///
+    /// async fn shout(args: RawValue, _: Sender, _: Meta) -> Result<RawValue, HandlerError> {
+    ///     let text: String = args
+    ///         .decode()
+    ///         .map_err(|e| HandlerError::new(ErrorCode::BadArgs, e.to_string()))?;
+    ///     RawValue::encode(&text.to_uppercase())
+    ///         .map_err(|e| HandlerError::new(ErrorCode::Internal, e.to_string()))
+    /// }
+    ///
+    /// let cap = Capability::new("app.loud", "1.0.0")
+    ///     .unwrap()
+    ///     .handle_raw(RawVerb::request("shout", DeclaredClass::Bootstrap), shout);
+    /// # let _ = cap;
+    /// ```
+    pub fn handle_raw<F, Fut>(mut self, verb: RawVerb, handler: F) -> Self
+    where
+        F: Fn(RawValue, crate::Sender, crate::Meta) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<RawValue, crate::HandlerError>> + Send + 'static,
+    {
+        let notification = verb.kind == VerbKind::Notification;
+        let route: RouteHandler = Arc::new(RouteEntry::new(Raw::new(handler, notification)));
+        let mut spec = if notification {
+            VerbSpec::notification(verb.name)
+        } else {
+            VerbSpec::request(verb.name)
+        }
+        .class(verb.class)
+        .handler(route);
+        if let Some(schema) = &verb.args_schema {
+            spec = spec.args_schema(schema);
+        }
+        if let Some(schema) = &verb.result_schema {
+            spec = spec.result_schema(schema);
+        }
+        self.inner = self.inner.verb_spec(spec);
         self
     }
 

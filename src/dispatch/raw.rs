@@ -1,0 +1,121 @@
+//! Verbs declared at run time: a name, a kind, an auth class and JSON
+//! Schemas given as values, served by a handler that takes and returns raw
+//! CBOR. For bindings to other languages and for bridges, whose verbs have
+//! no Rust type; everything else about them (the chokepoint, the replay
+//! ledger, deadlines, cancellation, bounds) is what a typed verb gets.
+
+use std::future::Future;
+
+use capwire_envelope::{DecodeError, RawValue};
+use capwire_manifest::{DeclaredClass, VerbKind};
+
+use crate::dispatch::extract::{Context, Extensions, FromContext, Meta, Sender};
+use crate::dispatch::handler::{BoxFuture, ErasedHandler, HandlerError};
+
+/// A request or notification verb without a Rust type, for
+/// [`Capability::handle_raw`](crate::Capability::handle_raw).
+///
+/// ```
+/// use capwire::RawVerb;
+/// use capwire::manifest::DeclaredClass;
+///
+/// let verb = RawVerb::request("greet", DeclaredClass::Bootstrap)
+///     .args_schema(&serde_json::json!({"type": "string"}))
+///     .result_schema(&serde_json::json!({"type": "string"}));
+/// assert_eq!(verb.name(), "greet");
+/// ```
+#[derive(Debug, Clone)]
+pub struct RawVerb {
+    pub(crate) name: String,
+    pub(crate) kind: VerbKind,
+    pub(crate) class: DeclaredClass,
+    pub(crate) args_schema: Option<serde_json::Value>,
+    pub(crate) result_schema: Option<serde_json::Value>,
+}
+
+impl RawVerb {
+    fn new(name: impl Into<String>, kind: VerbKind, class: DeclaredClass) -> Self {
+        Self {
+            name: name.into(),
+            kind,
+            class,
+            args_schema: None,
+            result_schema: None,
+        }
+    }
+
+    /// A request verb: answered by exactly one response, the handler's
+    /// result.
+    pub fn request(name: impl Into<String>, class: DeclaredClass) -> Self {
+        Self::new(name, VerbKind::Request, class)
+    }
+
+    /// A notification verb: never answered (the handler's result is
+    /// dropped; declare no result schema).
+    pub fn notification(name: impl Into<String>, class: DeclaredClass) -> Self {
+        Self::new(name, VerbKind::Notification, class)
+    }
+
+    /// The JSON Schema of the args, shown in the manifest. The runtime
+    /// does not check args against it: the handler does (answering
+    /// [`ErrorCode::BadArgs`](crate::envelope::ErrorCode::BadArgs)).
+    pub fn args_schema(mut self, schema: &serde_json::Value) -> Self {
+        self.args_schema = Some(schema.clone());
+        self
+    }
+
+    /// The JSON Schema of the result, shown in the manifest. A
+    /// notification with one is refused when the node is built.
+    pub fn result_schema(mut self, schema: &serde_json::Value) -> Self {
+        self.result_schema = Some(schema.clone());
+        self
+    }
+
+    /// The verb's name as given (checked when the node is built).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// A raw handler, erased: its args stay CBOR.
+pub(crate) struct Raw<F> {
+    handler: F,
+    notification: bool,
+}
+
+impl<F> Raw<F> {
+    pub(crate) fn new(handler: F, notification: bool) -> Self {
+        Self {
+            handler,
+            notification,
+        }
+    }
+}
+
+impl<F, Fut> ErasedHandler for Raw<F>
+where
+    F: Fn(RawValue, Sender, Meta) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<RawValue, HandlerError>> + Send + 'static,
+{
+    fn start(
+        &self,
+        args: &RawValue,
+        cx: &mut Context,
+    ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
+        let (sender, meta) = match (Sender::from_context(cx), Meta::from_context(cx)) {
+            (Ok(s), Ok(m)) => (s, m),
+            (Err(e), _) | (_, Err(e)) => return Ok(Box::pin(async move { Err(e) })),
+        };
+        let fut = (self.handler)(args.clone(), sender, meta);
+        let notification = self.notification;
+        Ok(Box::pin(async move {
+            let out = fut.await?;
+            // Nobody is told a notification's outcome.
+            Ok(if notification { RawValue::null() } else { out })
+        }))
+    }
+
+    fn check(&self, _extensions: &Extensions) -> Result<(), String> {
+        Ok(())
+    }
+}

@@ -1,0 +1,151 @@
+//! Verbs declared at run time (`Capability::handle_raw`): served over real
+//! sessions like typed verbs, behind the same chokepoint.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use capwire::envelope::{ErrorCode, RawValue};
+use capwire::manifest::{DeclaredClass, verb};
+use capwire::{Addr, CallError, Capability, HandlerError, Meta, Node, NodeId, RawVerb, Sender};
+use tokio::sync::mpsc;
+
+verb! { /** The raw `greet` verb as a typed caller sees it. */ pub struct Greet: request "app.raw" / "greet", Bootstrap, String => String; }
+
+const SECOND: Duration = Duration::from_secs(5);
+
+fn bad_args(e: impl std::fmt::Display) -> HandlerError {
+    HandlerError::new(ErrorCode::BadArgs, e.to_string())
+}
+
+async fn server(ran: Arc<AtomicUsize>, notes: mpsc::UnboundedSender<(NodeId, String)>) -> Node {
+    let greet = move |args: RawValue, _: Sender, meta: Meta| async move {
+        assert!(!meta.req_id.is_fire_and_forget());
+        let name: String = args.decode().map_err(bad_args)?;
+        Ok(RawValue::encode(&format!("hello, {name}")).unwrap())
+    };
+    let ran_admin = ran.clone();
+    let admin = move |_: RawValue, _: Sender, _: Meta| {
+        ran_admin.fetch_add(1, Ordering::SeqCst);
+        async { Ok(RawValue::null()) }
+    };
+    let note = move |args: RawValue, Sender(from): Sender, _: Meta| {
+        let notes = notes.clone();
+        async move {
+            notes
+                .send((from, args.decode().map_err(bad_args)?))
+                .unwrap();
+            Ok(RawValue::null())
+        }
+    };
+    let cap = Capability::new("app.raw", "1.0.0")
+        .unwrap()
+        .handle_raw(
+            RawVerb::request("greet", DeclaredClass::Bootstrap)
+                .args_schema(&serde_json::json!({"type": "string"}))
+                .result_schema(&serde_json::json!({"type": "string"})),
+            greet,
+        )
+        .handle_raw(RawVerb::request("admin", DeclaredClass::Controller), admin)
+        .handle_raw(
+            RawVerb::notification("note", DeclaredClass::Bootstrap),
+            note,
+        );
+    Node::builder("raw-server")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .capability(cap)
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn raw_verbs_are_served_checked_and_shown_like_typed_ones() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let (tx, mut notes) = mpsc::unbounded_channel();
+    let server = server(ran.clone(), tx).await;
+    let client = Node::builder("raw-client").start().await.unwrap();
+    let addr: Addr = server.local_addrs()[0].clone();
+    let peer = client.connect(&addr, Some(server.id())).await.unwrap();
+
+    // A typed caller and an untyped one get the handler's answer.
+    let typed = peer.request(Greet, "ada".to_owned()).await.unwrap();
+    assert_eq!(typed, "hello, ada");
+    let raw = peer
+        .call_raw(
+            "app.raw",
+            "greet",
+            &RawValue::encode("bob").unwrap(),
+            SECOND,
+        )
+        .await
+        .unwrap();
+    assert_eq!(raw.decode::<String>().unwrap(), "hello, bob");
+
+    // Args the handler cannot read are `bad_args`, from the handler.
+    let err = peer
+        .call_raw(
+            "app.raw",
+            "greet",
+            &RawValue::encode(&7u32).unwrap(),
+            SECOND,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CallError::Remote(body) if body.code == ErrorCode::BadArgs),
+        "{err:?}"
+    );
+
+    // A controller verb of an unbound node is refused at the chokepoint:
+    // the handler never runs.
+    let err = peer
+        .call_raw("app.raw", "admin", &RawValue::null(), SECOND)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CallError::Denied(body) if body.code == ErrorCode::Unauthorized),
+        "{err:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+
+    // A notification reaches its handler with the sender's proven id.
+    peer.notify_raw("app.raw", "note", &RawValue::encode("ping").unwrap())
+        .await
+        .unwrap();
+    let (from, text) = tokio::time::timeout(SECOND, notes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((from, text.as_str()), (client.id(), "ping"));
+
+    // The manifest shows the declared kinds, classes and schemas.
+    let manifest = peer.manifest().unwrap();
+    let cap = manifest.capability("app.raw").unwrap();
+    let greet = cap.verb("greet").unwrap();
+    assert_eq!(greet.class, DeclaredClass::Bootstrap);
+    let schema: serde_json::Value =
+        serde_json::from_str(greet.args_schema.as_deref().unwrap()).unwrap();
+    assert_eq!(schema, serde_json::json!({"type": "string"}));
+    assert_eq!(cap.verb("admin").unwrap().class, DeclaredClass::Controller);
+    assert!(cap.verb("note").unwrap().result_schema.is_none());
+
+    client.shutdown().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_raw_notification_with_a_result_schema_is_refused_at_build() {
+    let cap = Capability::new("app.raw", "1.0.0").unwrap().handle_raw(
+        RawVerb::notification("note", DeclaredClass::Bootstrap)
+            .result_schema(&serde_json::json!({"type": "string"})),
+        |_: RawValue, _: Sender, _: Meta| async { Ok(RawValue::null()) },
+    );
+    let err = Node::builder("raw-bad")
+        .capability(cap)
+        .start()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("note"), "{err}");
+}
