@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use capwire::envelope::{ErrorCode, RawValue};
 use capwire::manifest::{DeclaredClass, verb};
-use capwire::{Addr, CallError, Capability, HandlerError, Meta, Node, NodeId, RawVerb, Sender};
+use capwire::{
+    Addr, CallError, Capability, HandlerError, Items, Meta, Node, NodeId, RawVerb, Sender,
+};
 use tokio::sync::mpsc;
 
 verb! { /** The raw `greet` verb as a typed caller sees it. */ pub struct Greet: request "app.raw" / "greet", Bootstrap, String => String; }
@@ -51,6 +53,11 @@ async fn server(ran: Arc<AtomicUsize>, notes: mpsc::UnboundedSender<(NodeId, Str
         .handle_raw(
             RawVerb::notification("note", DeclaredClass::Bootstrap),
             note,
+        )
+        .handle_raw_stream(
+            RawVerb::stream("count", DeclaredClass::Bootstrap)
+                .result_schema(&serde_json::json!({"type": "integer"})),
+            count,
         );
     Node::builder("raw-server")
         .listen("127.0.0.1:0".parse().unwrap())
@@ -58,6 +65,20 @@ async fn server(ran: Arc<AtomicUsize>, notes: mpsc::UnboundedSender<(NodeId, Str
         .start()
         .await
         .unwrap()
+}
+
+/// Items 0..n, for `n` given as args.
+async fn count(
+    args: RawValue,
+    mut items: Items<RawValue>,
+    _: Sender,
+    _: Meta,
+) -> Result<(), HandlerError> {
+    let n: u32 = args.decode().map_err(bad_args)?;
+    for i in 0..n {
+        items.send(RawValue::encode(&i).unwrap()).await?;
+    }
+    Ok(())
 }
 
 #[tokio::test]
@@ -120,6 +141,17 @@ async fn raw_verbs_are_served_checked_and_shown_like_typed_ones() {
         .unwrap();
     assert_eq!((from, text.as_str()), (client.id(), "ping"));
 
+    // A stream's items arrive in order, then it ends well.
+    let mut stream = peer
+        .stream_raw("app.raw", "count", &RawValue::encode(&5u32).unwrap(), None)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while let Some(item) = stream.next().await {
+        got.push(item.unwrap().decode::<u32>().unwrap());
+    }
+    assert_eq!(got, [0, 1, 2, 3, 4]);
+
     // The manifest shows the declared kinds, classes and schemas.
     let manifest = peer.manifest().unwrap();
     let cap = manifest.capability("app.raw").unwrap();
@@ -130,6 +162,12 @@ async fn raw_verbs_are_served_checked_and_shown_like_typed_ones() {
     assert_eq!(schema, serde_json::json!({"type": "string"}));
     assert_eq!(cap.verb("admin").unwrap().class, DeclaredClass::Controller);
     assert!(cap.verb("note").unwrap().result_schema.is_none());
+    let count = cap.verb("count").unwrap();
+    assert_eq!(count.kind, capwire::manifest::VerbKind::Stream);
+    assert_eq!(
+        count.result_schema.as_deref(),
+        Some(r#"{"type":"integer"}"#)
+    );
 
     client.shutdown().await;
     server.shutdown().await;
@@ -148,4 +186,18 @@ async fn a_raw_notification_with_a_result_schema_is_refused_at_build() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("note"), "{err}");
+}
+
+#[tokio::test]
+async fn a_stream_verb_given_a_request_handler_is_refused_at_build() {
+    let cap = Capability::new("app.raw", "1.0.0").unwrap().handle_raw(
+        RawVerb::stream("count", DeclaredClass::Bootstrap),
+        |_: RawValue, _: Sender, _: Meta| async { Ok(RawValue::null()) },
+    );
+    let err = Node::builder("raw-bad")
+        .capability(cap)
+        .start()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("count"), "{err}");
 }

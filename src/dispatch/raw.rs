@@ -11,6 +11,7 @@ use capwire_manifest::{DeclaredClass, VerbKind};
 
 use crate::dispatch::extract::{Context, Extensions, FromContext, Meta, Sender};
 use crate::dispatch::handler::{BoxFuture, ErasedHandler, HandlerError};
+use crate::stream::Items;
 
 /// A request or notification verb without a Rust type, for
 /// [`Capability::handle_raw`](crate::Capability::handle_raw).
@@ -56,6 +57,13 @@ impl RawVerb {
         Self::new(name, VerbKind::Notification, class)
     }
 
+    /// A stream verb (protocol 2): items, then one response; for
+    /// [`Capability::handle_raw_stream`](crate::Capability::handle_raw_stream).
+    /// Its result schema is its items' schema.
+    pub fn stream(name: impl Into<String>, class: DeclaredClass) -> Self {
+        Self::new(name, VerbKind::Stream, class)
+    }
+
     /// The JSON Schema of the args, shown in the manifest. The runtime
     /// does not check args against it: the handler does (answering
     /// [`ErrorCode::BadArgs`](crate::envelope::ErrorCode::BadArgs)).
@@ -64,8 +72,9 @@ impl RawVerb {
         self
     }
 
-    /// The JSON Schema of the result, shown in the manifest. A
-    /// notification with one is refused when the node is built.
+    /// The JSON Schema of the result (a stream's: of its items), shown in
+    /// the manifest. A notification with one is refused when the node is
+    /// built.
     pub fn result_schema(mut self, schema: &serde_json::Value) -> Self {
         self.result_schema = Some(schema.clone());
         self
@@ -75,6 +84,11 @@ impl RawVerb {
     pub fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// The extractors a raw handler is given.
+fn extract(cx: &mut Context) -> Result<(Sender, Meta), HandlerError> {
+    Ok((Sender::from_context(cx)?, Meta::from_context(cx)?))
 }
 
 /// A raw handler, erased: its args stay CBOR.
@@ -102,9 +116,9 @@ where
         args: &RawValue,
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
-        let (sender, meta) = match (Sender::from_context(cx), Meta::from_context(cx)) {
-            (Ok(s), Ok(m)) => (s, m),
-            (Err(e), _) | (_, Err(e)) => return Ok(Box::pin(async move { Err(e) })),
+        let (sender, meta) = match extract(cx) {
+            Ok(both) => both,
+            Err(e) => return Ok(Box::pin(async move { Err(e) })),
         };
         let fut = (self.handler)(args.clone(), sender, meta);
         let notification = self.notification;
@@ -113,6 +127,52 @@ where
             // Nobody is told a notification's outcome.
             Ok(if notification { RawValue::null() } else { out })
         }))
+    }
+
+    fn check(&self, _extensions: &Extensions) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A raw stream handler, erased: its args and items stay CBOR.
+pub(crate) struct RawStream<F> {
+    handler: F,
+}
+
+impl<F> RawStream<F> {
+    pub(crate) fn new(handler: F) -> Self {
+        Self { handler }
+    }
+}
+
+impl<F, Fut> ErasedHandler for RawStream<F>
+where
+    F: Fn(RawValue, Items<RawValue>, Sender, Meta) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    fn start(
+        &self,
+        args: &RawValue,
+        cx: &mut Context,
+    ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
+        let Some(served) = cx.stream.take() else {
+            // Only stream jobs reach a stream verb's handler.
+            return Ok(Box::pin(async {
+                Err(HandlerError::new(
+                    capwire_envelope::ErrorCode::Internal,
+                    "a stream verb ran outside a stream",
+                ))
+            }));
+        };
+        let items = Items::new(served, cx.deadline);
+        let (sender, meta) = match extract(cx) {
+            Ok(both) => both,
+            Err(e) => return Ok(Box::pin(async move { Err(e) })),
+        };
+        let fut = (self.handler)(args.clone(), items, sender, meta);
+        Ok(Box::pin(
+            async move { fut.await.map(|()| RawValue::null()) },
+        ))
     }
 
     fn check(&self, _extensions: &Extensions) -> Result<(), String> {

@@ -16,7 +16,7 @@ use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{
     Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, TaskHandler, TaskTyped, Typed,
 };
-use crate::dispatch::raw::{Raw, RawVerb};
+use crate::dispatch::raw::{Raw, RawStream, RawVerb};
 use crate::error::NodeError;
 use crate::host::Host;
 use crate::net::peers::Contact;
@@ -115,20 +115,76 @@ impl Capability {
     ///     .handle_raw(RawVerb::request("shout", DeclaredClass::Bootstrap), shout);
     /// # let _ = cap;
     /// ```
-    pub fn handle_raw<F, Fut>(mut self, verb: RawVerb, handler: F) -> Self
+    pub fn handle_raw<F, Fut>(self, verb: RawVerb, handler: F) -> Self
     where
         F: Fn(RawValue, crate::Sender, crate::Meta) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<RawValue, crate::HandlerError>> + Send + 'static,
     {
         let notification = verb.kind == VerbKind::Notification;
-        let route: RouteHandler = Arc::new(RouteEntry::new(Raw::new(handler, notification)));
-        let mut spec = if notification {
-            VerbSpec::notification(verb.name)
-        } else {
-            VerbSpec::request(verb.name)
+        let route = (verb.kind != VerbKind::Stream).then(|| {
+            let route: RouteHandler = Arc::new(RouteEntry::new(Raw::new(handler, notification)));
+            route
+        });
+        self.add_raw(verb, route)
+    }
+
+    /// Adds a stream verb declared at run time ([`RawVerb::stream`]),
+    /// served by `handler`: an async fn taking the args as raw CBOR, the
+    /// [`Items`](crate::Items) sender it writes raw CBOR items to, the
+    /// caller's [`Sender`](crate::Sender) and the request's
+    /// [`Meta`](crate::Meta); the stream ends when it returns. A request or
+    /// notification `RawVerb` given here (or a stream one given to
+    /// [`Capability::handle_raw`]) has no handler, and the node refuses to
+    /// start.
+    ///
+    /// ```
+    /// use capwire::{Capability, HandlerError, Items, Meta, RawVerb, Sender};
+    /// use capwire::envelope::RawValue;
+    /// use capwire::manifest::DeclaredClass;
+    ///
+    /// async fn count(
+    ///     _: RawValue,
+    ///     mut items: Items<RawValue>,
+    ///     _: Sender,
+    ///     _: Meta,
+    /// ) -> Result<(), HandlerError> {
+    ///     for n in 0..3u32 {
+    ///         items.send(RawValue::encode(&n).unwrap()).await?;
+    ///     }
+    ///     Ok(())
+    /// }
+    ///
+    /// let cap = Capability::new("app.count", "1.0.0")
+    ///     .unwrap()
+    ///     .handle_raw_stream(RawVerb::stream("up", DeclaredClass::Bootstrap), count);
+    /// # let _ = cap;
+    /// ```
+    pub fn handle_raw_stream<F, Fut>(self, verb: RawVerb, handler: F) -> Self
+    where
+        F: Fn(RawValue, crate::Items<RawValue>, crate::Sender, crate::Meta) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<(), crate::HandlerError>> + Send + 'static,
+    {
+        let route = (verb.kind == VerbKind::Stream).then(|| {
+            let route: RouteHandler = Arc::new(RouteEntry::new(RawStream::new(handler)));
+            route
+        });
+        self.add_raw(verb, route)
+    }
+
+    /// Declares `verb`, with `route` as its handler when it has one.
+    fn add_raw(mut self, verb: RawVerb, route: Option<RouteHandler>) -> Self {
+        let mut spec = match verb.kind {
+            VerbKind::Notification => VerbSpec::notification(verb.name),
+            VerbKind::Stream => VerbSpec::stream(verb.name),
+            VerbKind::Request | VerbKind::Task => VerbSpec::request(verb.name),
         }
-        .class(verb.class)
-        .handler(route);
+        .class(verb.class);
+        if let Some(route) = route {
+            spec = spec.handler(route);
+        }
         if let Some(schema) = &verb.args_schema {
             spec = spec.args_schema(schema);
         }
