@@ -133,12 +133,18 @@ pub(crate) fn start(
             let token = cx.cancel.take().unwrap_or_else(|| parent.child_token());
             let watch = token.clone();
             let rest = async move {
+                // A cancel wins over what the handler made of it: a stream
+                // handler whose session ended sees its items refused in the
+                // same wake-up as the cancel, and that is a cancelled call,
+                // not a failed one.
                 tokio::select! {
+                    biased;
+                    () = watch.cancelled() => Finished::cancelled(),
                     r = AssertUnwindSafe(future).catch_unwind() => match r {
+                        Ok(Err(_)) if watch.is_cancelled() => Finished::cancelled(),
                         Ok(r) => Finished::from_handler(r),
                         Err(panic) => Finished::panicked(panic.as_ref()),
                     },
-                    () = watch.cancelled() => Finished::cancelled(),
                     () = tokio::time::sleep_until(deadline) => {
                         // `Meta::cancel` promises to fire at the deadline,
                         // so work the handler handed off stops too.
