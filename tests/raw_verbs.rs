@@ -173,6 +173,16 @@ async fn raw_verbs_are_served_checked_and_shown_like_typed_ones() {
     server.shutdown().await;
 }
 
+/// Starts a node with `cap` and expects it refused, naming `verb`.
+async fn assert_refused_at_build(cap: Capability, verb: &str) {
+    let err = Node::builder("raw-bad")
+        .capability(cap)
+        .start()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(verb), "{err}");
+}
+
 #[tokio::test]
 async fn a_raw_notification_with_a_result_schema_is_refused_at_build() {
     let cap = Capability::new("app.raw", "1.0.0").unwrap().handle_raw(
@@ -180,12 +190,7 @@ async fn a_raw_notification_with_a_result_schema_is_refused_at_build() {
             .result_schema(&serde_json::json!({"type": "string"})),
         |_: RawValue, _: Sender, _: Meta| async { Ok(RawValue::null()) },
     );
-    let err = Node::builder("raw-bad")
-        .capability(cap)
-        .start()
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("note"), "{err}");
+    assert_refused_at_build(cap, "note").await;
 }
 
 #[tokio::test]
@@ -194,10 +199,5 @@ async fn a_stream_verb_given_a_request_handler_is_refused_at_build() {
         RawVerb::stream("count", DeclaredClass::Bootstrap),
         |_: RawValue, _: Sender, _: Meta| async { Ok(RawValue::null()) },
     );
-    let err = Node::builder("raw-bad")
-        .capability(cap)
-        .start()
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("count"), "{err}");
+    assert_refused_at_build(cap, "count").await;
 }

@@ -383,6 +383,25 @@ where
     }
 }
 
+/// A job that fails at once with `e`.
+pub(crate) fn fail_now(e: HandlerError) -> BoxFuture<Result<RawValue, HandlerError>> {
+    Box::pin(async move { Err(e) })
+}
+
+/// The sender a stream job's handler writes its items to.
+///
+/// # Errors
+/// `internal` for a job that serves no stream (only stream jobs reach a
+/// stream verb's handler).
+pub(crate) fn stream_items<T: serde::Serialize>(
+    cx: &mut Context,
+) -> Result<Items<T>, HandlerError> {
+    let served = cx.stream.take().ok_or_else(|| {
+        HandlerError::new(ErrorCode::Internal, "a stream verb ran outside a stream")
+    })?;
+    Ok(Items::new(served, cx.deadline))
+}
+
 /// A typed stream handler `H` of verb `V`, erased.
 pub(crate) struct StreamTyped<V, M, H> {
     handler: H,
@@ -410,16 +429,10 @@ where
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
         let args: V::Args = args.decode()?;
-        let Some(served) = cx.stream.take() else {
-            // Only stream jobs reach a stream verb's handler.
-            return Ok(Box::pin(async {
-                Err(HandlerError::new(
-                    ErrorCode::Internal,
-                    "a stream verb ran outside a stream",
-                ))
-            }));
+        let items = match stream_items(cx) {
+            Ok(items) => items,
+            Err(e) => return Ok(fail_now(e)),
         };
-        let items = Items::new(served, cx.deadline);
         let fut = self.handler.call(args, items, cx);
         Ok(Box::pin(
             async move { fut.await.map(|()| RawValue::null()) },

@@ -10,7 +10,7 @@ use capwire_envelope::{DecodeError, RawValue};
 use capwire_manifest::{DeclaredClass, VerbKind};
 
 use crate::dispatch::extract::{Context, Extensions, FromContext, Meta, Sender};
-use crate::dispatch::handler::{BoxFuture, ErasedHandler, HandlerError};
+use crate::dispatch::handler::{BoxFuture, ErasedHandler, HandlerError, fail_now, stream_items};
 use crate::stream::Items;
 
 /// A request or notification verb without a Rust type, for
@@ -118,7 +118,7 @@ where
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
         let (sender, meta) = match extract(cx) {
             Ok(both) => both,
-            Err(e) => return Ok(Box::pin(async move { Err(e) })),
+            Err(e) => return Ok(fail_now(e)),
         };
         let fut = (self.handler)(args.clone(), sender, meta);
         let notification = self.notification;
@@ -155,19 +155,10 @@ where
         args: &RawValue,
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
-        let Some(served) = cx.stream.take() else {
-            // Only stream jobs reach a stream verb's handler.
-            return Ok(Box::pin(async {
-                Err(HandlerError::new(
-                    capwire_envelope::ErrorCode::Internal,
-                    "a stream verb ran outside a stream",
-                ))
-            }));
-        };
-        let items = Items::new(served, cx.deadline);
-        let (sender, meta) = match extract(cx) {
-            Ok(both) => both,
-            Err(e) => return Ok(Box::pin(async move { Err(e) })),
+        let started = stream_items(cx).and_then(|items| Ok((items, extract(cx)?)));
+        let (items, (sender, meta)) = match started {
+            Ok(parts) => parts,
+            Err(e) => return Ok(fail_now(e)),
         };
         let fut = (self.handler)(args.clone(), items, sender, meta);
         Ok(Box::pin(
