@@ -467,6 +467,41 @@ impl Peer {
             .await
     }
 
+    /// Submits a task verb given by name, its args as raw CBOR (see
+    /// [`Peer::submit`]); the handle's result is raw CBOR too. With
+    /// `req_id`, safe to send again (see [`Peer::submit_with_id`]).
+    ///
+    /// # Errors
+    /// As [`Peer::submit`]; a verb that is not a task verb is refused with
+    /// [`CallError::BadResult`] (its answer is not a task's id; a request
+    /// verb has then run once).
+    ///
+    /// # Cancel safety
+    /// As [`Peer::submit`].
+    pub async fn submit_raw(
+        &self,
+        cap: &str,
+        verb: &str,
+        args: &RawValue,
+        req_id: Option<&ReqId>,
+        deadline: Duration,
+    ) -> Result<TaskHandle<RawValue>, CallError> {
+        let session = self.session(deadline_after(deadline)).await?;
+        if session.lock().version() < capwire_envelope::PROTOCOL_V2 {
+            return Err(CallError::Unsupported(
+                "the peer speaks protocol 1, which has no tasks".to_owned(),
+            ));
+        }
+        let answer = match req_id {
+            Some(id) => self.call_raw_with_id(cap, verb, args, id, deadline).await?,
+            None => self.call_raw(cap, verb, args, deadline).await?,
+        };
+        let submitted = answer
+            .decode::<TaskSubmitted>()
+            .map_err(|e| CallError::BadResult(e.to_string()))?;
+        Ok(TaskHandle::new(self.clone(), submitted.task))
+    }
+
     /// A handle to the task `id` on this peer, known from an earlier
     /// submit, a list or a push: nothing is sent until it is used. `T` is
     /// its verb's result type.

@@ -201,3 +201,111 @@ async fn a_stream_verb_given_a_request_handler_is_refused_at_build() {
     );
     assert_refused_at_build(cap, "count").await;
 }
+
+#[tokio::test]
+async fn a_task_verb_given_a_request_handler_is_refused_at_build() {
+    let cap = Capability::new("app.raw", "1.0.0").unwrap().handle_raw(
+        RawVerb::task("work", DeclaredClass::Bootstrap),
+        |_: RawValue, _: Sender, _: Meta| async { Ok(RawValue::null()) },
+    );
+    assert_refused_at_build(cap, "work").await;
+}
+
+/// Sums 1..=n, reporting each partial sum, after asking whether to go on.
+async fn sum_upto(
+    args: RawValue,
+    task: capwire::Task,
+    _: Sender,
+    _: Meta,
+) -> Result<RawValue, HandlerError> {
+    let n: u64 = args.decode().map_err(bad_args)?;
+    let go: bool = task
+        .ask(&format!("sum up to {n}?"), SECOND)
+        .await
+        .map_err(|e| HandlerError::new(ErrorCode::Internal, e.to_string()))?;
+    if !go {
+        return Err(HandlerError::new(ErrorCode::Cancelled, "declined"));
+    }
+    let mut total = 0u64;
+    for i in 1..=n {
+        total += i;
+        task.progress(&total).await?;
+    }
+    Ok(RawValue::encode(&total).unwrap())
+}
+
+#[tokio::test]
+async fn a_raw_task_is_submitted_asks_reports_and_ends_with_its_result() {
+    use capwire::manifest::{TaskEventKind, TaskState};
+    let cap = Capability::new("app.raw", "1.0.0")
+        .unwrap()
+        .handle_raw_task(
+            RawVerb::task("sum", DeclaredClass::Bootstrap)
+                .args_schema(&serde_json::json!({"type": "integer"})),
+            false,
+            sum_upto,
+        );
+    let server = Node::builder("raw-tasks")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .capability(cap)
+        .start()
+        .await
+        .unwrap();
+    let client = Node::builder("raw-client").start().await.unwrap();
+    let peer = client
+        .connect(&server.local_addrs()[0], Some(server.id()))
+        .await
+        .unwrap();
+    assert_eq!(
+        peer.manifest()
+            .unwrap()
+            .capability("app.raw")
+            .unwrap()
+            .verb("sum")
+            .unwrap()
+            .kind,
+        capwire::manifest::VerbKind::Task
+    );
+
+    let task = peer
+        .submit_raw(
+            "app.raw",
+            "sum",
+            &RawValue::encode(&4u64).unwrap(),
+            None,
+            SECOND,
+        )
+        .await
+        .unwrap();
+    let mut events = task.events(1).await.unwrap();
+    let mut progress = Vec::new();
+    while let Some(event) = events.next().await {
+        let event = event.unwrap();
+        match event.kind {
+            TaskEventKind::Question => {
+                let asked: String = event.body.decode().unwrap();
+                assert_eq!(asked, "sum up to 4?");
+                task.respond(&true).await.unwrap();
+            }
+            TaskEventKind::Progress => progress.push(event.body.decode::<u64>().unwrap()),
+            _ => {}
+        }
+        if event.state.is_final() {
+            assert_eq!(event.state, TaskState::Completed);
+        }
+    }
+    assert_eq!(progress, [1, 3, 6, 10]);
+    assert_eq!(task.result().await.unwrap().decode::<u64>().unwrap(), 10);
+
+    // A verb the peer does not have is refused at its chokepoint.
+    let err = peer
+        .submit_raw("app.raw", "nope", &RawValue::null(), None, SECOND)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CallError::Denied(body) if body.code == ErrorCode::UnknownVerb),
+        "{err:?}"
+    );
+    client.shutdown().await;
+    server.shutdown().await;
+}

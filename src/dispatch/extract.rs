@@ -79,6 +79,25 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
+    /// The context of a task's handler: what its submit's envelope said,
+    /// with the task's token as the parent. A task has no budget: it runs
+    /// until it ends or is cancelled.
+    pub(crate) fn for_task(
+        origin: crate::dispatch::handler::Origin,
+        token: CancellationToken,
+    ) -> Self {
+        Self {
+            sender: origin.submitter,
+            req_id: origin.req_id,
+            deadline: crate::client::deadline_after(std::time::Duration::from_secs(86_400 * 365)),
+            extensions: origin.extensions,
+            parent: token,
+            cancel: None,
+            channel: origin.channel,
+            stream: None,
+        }
+    }
+
     /// The authenticated sender.
     pub fn sender(&self) -> NodeId {
         self.sender

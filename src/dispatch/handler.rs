@@ -474,20 +474,7 @@ where
     fn starter(&self, args: V::Args, origin: Origin) -> Start {
         let handler = self.handler.clone();
         Box::new(move |task: Task| {
-            let mut cx = Context {
-                sender: origin.submitter,
-                req_id: origin.req_id,
-                // A task has no budget: it runs until it ends or is
-                // cancelled.
-                deadline: crate::client::deadline_after(std::time::Duration::from_secs(
-                    86_400 * 365,
-                )),
-                extensions: origin.extensions,
-                parent: task.token(),
-                cancel: None,
-                channel: origin.channel,
-                stream: None,
-            };
+            let mut cx = Context::for_task(origin, task.token());
             let fut = handler.call(args, task, &mut cx);
             Box::pin(async move {
                 let out = fut.await.map_err(HandlerError::into_body)?;

@@ -5,13 +5,20 @@
 //! ledger, deadlines, cancellation, bounds) is what a typed verb gets.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use capwire_envelope::{DecodeError, RawValue};
 use capwire_manifest::{DeclaredClass, VerbKind};
 
+use capwire_envelope::ErrorCode;
+
 use crate::dispatch::extract::{Context, Extensions, FromContext, Meta, Sender};
-use crate::dispatch::handler::{BoxFuture, ErasedHandler, HandlerError, fail_now, stream_items};
+use crate::dispatch::handler::{
+    BoxFuture, ErasedHandler, HandlerError, Origin, fail_now, stream_items,
+};
 use crate::stream::Items;
+use crate::task::Task;
+use crate::tasks::{Start, Tasks};
 
 /// A request or notification verb without a Rust type, for
 /// [`Capability::handle_raw`](crate::Capability::handle_raw).
@@ -62,6 +69,14 @@ impl RawVerb {
     /// Its result schema is its items' schema.
     pub fn stream(name: impl Into<String>, class: DeclaredClass) -> Self {
         Self::new(name, VerbKind::Stream, class)
+    }
+
+    /// A task verb (protocol 2): submitting it answers the task's id at
+    /// once and the handler runs afterwards, on the node; for
+    /// [`Capability::handle_raw_task`](crate::Capability::handle_raw_task).
+    /// Its result schema is the task's result's.
+    pub fn task(name: impl Into<String>, class: DeclaredClass) -> Self {
+        Self::new(name, VerbKind::Task, class)
     }
 
     /// The JSON Schema of the args, shown in the manifest. The runtime
@@ -168,5 +183,93 @@ where
 
     fn check(&self, _extensions: &Extensions) -> Result<(), String> {
         Ok(())
+    }
+}
+
+/// A raw task handler, erased: its args and result stay CBOR.
+pub(crate) struct RawTask<F> {
+    handler: Arc<F>,
+    cap: String,
+    verb: String,
+    resumable: bool,
+}
+
+impl<F> RawTask<F> {
+    pub(crate) fn new(handler: F, cap: String, verb: String, resumable: bool) -> Self {
+        Self {
+            handler: Arc::new(handler),
+            cap,
+            verb,
+            resumable,
+        }
+    }
+}
+
+impl<F, Fut> RawTask<F>
+where
+    F: Fn(RawValue, Task, Sender, Meta) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<RawValue, HandlerError>> + Send + 'static,
+{
+    /// What runs the handler with `args`, once the task is written.
+    fn starter(&self, args: RawValue, origin: Origin) -> Start {
+        let handler = Arc::clone(&self.handler);
+        Box::new(move |task: Task| {
+            let mut cx = Context::for_task(origin, task.token());
+            let parts = extract(&mut cx);
+            Box::pin(async move {
+                let (sender, meta) = parts.map_err(HandlerError::into_body)?;
+                handler(args, task, sender, meta)
+                    .await
+                    .map_err(HandlerError::into_body)
+            })
+        })
+    }
+}
+
+impl<F, Fut> ErasedHandler for RawTask<F>
+where
+    F: Fn(RawValue, Task, Sender, Meta) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<RawValue, HandlerError>> + Send + 'static,
+{
+    fn start(
+        &self,
+        args: &RawValue,
+        cx: &mut Context,
+    ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
+        let Some(Tasks(service)) = cx.runtime::<Tasks>() else {
+            return Ok(fail_now(HandlerError::new(
+                ErrorCode::Internal,
+                "the task service is not installed",
+            )));
+        };
+        let origin = Origin {
+            submitter: cx.sender,
+            req_id: cx.req_id.clone(),
+            extensions: cx.extensions.clone(),
+            channel: cx.channel,
+        };
+        let start = self.starter(args.clone(), origin);
+        let bytes = args.as_bytes().to_vec();
+        let (sender, req_id) = (cx.sender, cx.req_id.as_str().to_owned());
+        let (cap, verb) = (self.cap.clone(), self.verb.clone());
+        Ok(Box::pin(async move {
+            let submitted = service
+                .submit(sender, req_id, &cap, &verb, bytes, start)
+                .await?;
+            RawValue::encode(&submitted).map_err(|e| {
+                HandlerError::new(
+                    ErrorCode::Internal,
+                    format!("the answer could not be encoded: {e}"),
+                )
+            })
+        }))
+    }
+
+    fn check(&self, _extensions: &Extensions) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn resume(&self, args: &RawValue, origin: Origin, fresh: bool) -> Option<Start> {
+        (self.resumable || fresh).then(|| self.starter(args.clone(), origin))
     }
 }

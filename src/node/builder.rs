@@ -16,7 +16,7 @@ use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{
     Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, TaskHandler, TaskTyped, Typed,
 };
-use crate::dispatch::raw::{Raw, RawStream, RawVerb};
+use crate::dispatch::raw::{Raw, RawStream, RawTask, RawVerb};
 use crate::error::NodeError;
 use crate::host::Host;
 use crate::net::peers::Contact;
@@ -121,7 +121,8 @@ impl Capability {
         Fut: Future<Output = Result<RawValue, crate::HandlerError>> + Send + 'static,
     {
         let notification = verb.kind == VerbKind::Notification;
-        let route = (verb.kind != VerbKind::Stream).then(|| {
+        let unary = matches!(verb.kind, VerbKind::Request | VerbKind::Notification);
+        let route = unary.then(|| {
             let route: RouteHandler = Arc::new(RouteEntry::new(Raw::new(handler, notification)));
             route
         });
@@ -174,12 +175,57 @@ impl Capability {
         self.add_raw(verb, route)
     }
 
+    /// Adds a task verb declared at run time ([`RawVerb::task`]), run by
+    /// `handler`: an async fn taking the args as raw CBOR, the
+    /// [`Task`](crate::Task) it reports progress and asks questions
+    /// through, the submitter's [`Sender`](crate::Sender) and the submit's
+    /// [`Meta`](crate::Meta), returning the result as raw CBOR (see
+    /// [`Capability::task`]). With `resumable`, a task that had not ended
+    /// when the node stopped runs again when it starts (see
+    /// [`Capability::resumable_task`]). A `RawVerb` of another kind has no
+    /// handler here, and the node refuses to start.
+    ///
+    /// ```
+    /// use capwire::{Capability, HandlerError, Meta, RawVerb, Sender, Task};
+    /// use capwire::envelope::{ErrorCode, RawValue};
+    /// use capwire::manifest::DeclaredClass;
+    ///
+    /// async fn count(args: RawValue, task: Task, _: Sender, _: Meta) -> Result<RawValue, HandlerError> {
+    ///     let upto: u32 = args
+    ///         .decode()
+    ///         .map_err(|e| HandlerError::new(ErrorCode::BadArgs, e.to_string()))?;
+    ///     for n in 0..upto {
+    ///         task.progress(&n).await?;
+    ///     }
+    ///     Ok(RawValue::encode(&upto).unwrap())
+    /// }
+    ///
+    /// let cap = Capability::new("app.count", "1.0.0")
+    ///     .unwrap()
+    ///     .handle_raw_task(RawVerb::task("upto", DeclaredClass::Bootstrap), false, count);
+    /// # let _ = cap;
+    /// ```
+    pub fn handle_raw_task<F, Fut>(self, verb: RawVerb, resumable: bool, handler: F) -> Self
+    where
+        F: Fn(RawValue, crate::Task, crate::Sender, crate::Meta) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<RawValue, crate::HandlerError>> + Send + 'static,
+    {
+        let route = (verb.kind == VerbKind::Task).then(|| {
+            let task = RawTask::new(handler, self.id().to_owned(), verb.name.clone(), resumable);
+            // Durable: a repeated submit finds its task in the task table.
+            let route: RouteHandler = Arc::new(RouteEntry::durable(task));
+            route
+        });
+        self.add_raw(verb, route)
+    }
+
     /// Declares `verb`, with `route` as its handler when it has one.
     fn add_raw(mut self, verb: RawVerb, route: Option<RouteHandler>) -> Self {
         let mut spec = match verb.kind {
             VerbKind::Notification => VerbSpec::notification(verb.name),
             VerbKind::Stream => VerbSpec::stream(verb.name),
-            VerbKind::Request | VerbKind::Task => VerbSpec::request(verb.name),
+            VerbKind::Task => VerbSpec::task(verb.name),
+            VerbKind::Request => VerbSpec::request(verb.name),
         }
         .class(verb.class);
         if let Some(route) = route {
