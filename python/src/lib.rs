@@ -1,0 +1,32 @@
+//! The native half of the `capwire` Python package: nodes, peers and
+//! handlers over capwire's Rust runtime. The Python half (`python/capwire`)
+//! is the API; this module is not used directly.
+
+mod bench;
+mod errors;
+mod handlers;
+mod node;
+mod peer;
+mod value;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _capwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(node::start_node, m)?)?;
+    m.add_class::<node::Node>()?;
+    m.add_class::<node::ConfigWatch>()?;
+    m.add_class::<peer::Peer>()?;
+    m.add_class::<peer::ItemStream>()?;
+    m.add_class::<peer::TaskHandle>()?;
+    m.add_class::<peer::EventStream>()?;
+    m.add_class::<handlers::Context>()?;
+    m.add_class::<handlers::TaskContext>()?;
+    m.add_class::<handlers::ItemSink>()?;
+    let bench = PyModule::new(m.py(), "bench")?;
+    bench.add_function(wrap_pyfunction!(bench::rust_echo_node, &bench)?)?;
+    bench.add_function(wrap_pyfunction!(bench::rust_calls, &bench)?)?;
+    m.add_submodule(&bench)?;
+    m.add("PROTOCOL_VERSION", capwire::envelope::PROTOCOL_V2)?;
+    Ok(())
+}

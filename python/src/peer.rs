@@ -1,0 +1,260 @@
+//! Calling a peer: requests, notifications, streams and tasks, each an
+//! awaitable; dropping (cancelling) one sends the peer a cancel.
+
+use std::sync::Arc;
+
+use capwire::envelope::{RawValue, ReqId};
+use capwire::{ItemStream as RustItems, TaskEvents, TaskHandle as RustTask};
+use pyo3::exceptions::PyStopAsyncIteration;
+use pyo3::prelude::*;
+
+use crate::errors;
+use crate::node::{seconds, value_error};
+use crate::value::{self, Cbor};
+
+fn req_id(text: Option<String>) -> PyResult<Option<ReqId>> {
+    text.map(|t| ReqId::try_from(t.as_str()).map_err(value_error))
+        .transpose()
+}
+
+/// A peer, by its node id; sessions are made as needed.
+#[pyclass(frozen, module = "capwire._capwire")]
+pub(crate) struct Peer {
+    peer: capwire::Peer,
+}
+
+impl Peer {
+    pub(crate) fn new(peer: capwire::Peer) -> Self {
+        Self { peer }
+    }
+}
+
+#[pymethods]
+impl Peer {
+    #[getter]
+    fn id(&self) -> String {
+        self.peer.id().to_string()
+    }
+
+    /// The peer's manifest from its hello, when a session is up.
+    fn manifest(&self) -> PyResult<Option<Cbor>> {
+        self.peer.manifest().map(|m| value::serialized(&*m)).transpose()
+    }
+
+    #[pyo3(signature = (cap, verb, args, timeout=None, req_id=None))]
+    fn request<'py>(
+        &self,
+        py: Python<'py>,
+        cap: String,
+        verb: String,
+        args: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+        req_id: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (args, deadline, req_id) = (value::encode(args)?, seconds(timeout)?, self::req_id(req_id)?);
+        let peer = self.peer.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let result = match req_id {
+                Some(id) => peer.call_raw_with_id(&cap, &verb, &args, &id, deadline).await,
+                None => peer.call_raw(&cap, &verb, &args, deadline).await,
+            };
+            value::cbor(&result.map_err(errors::call)?)
+        })
+    }
+
+    #[pyo3(signature = (cap, verb, args, timeout=None))]
+    fn notify<'py>(
+        &self,
+        py: Python<'py>,
+        cap: String,
+        verb: String,
+        args: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (args, deadline) = (value::encode(args)?, seconds(timeout)?);
+        let peer = self.peer.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            peer.notify_raw_within(&cap, &verb, &args, deadline).await.map_err(errors::call)
+        })
+    }
+
+    #[pyo3(signature = (cap, verb, args, timeout=None))]
+    fn stream<'py>(
+        &self,
+        py: Python<'py>,
+        cap: String,
+        verb: String,
+        args: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let args = value::encode(args)?;
+        let deadline = timeout.map(|t| seconds(Some(t))).transpose()?;
+        let peer = self.peer.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let items = peer.stream_raw(&cap, &verb, &args, deadline).await.map_err(errors::call)?;
+            Ok(ItemStream {
+                items: Arc::new(tokio::sync::Mutex::new(Some(items))),
+            })
+        })
+    }
+
+    #[pyo3(signature = (cap, verb, args, timeout=None, req_id=None))]
+    fn submit<'py>(
+        &self,
+        py: Python<'py>,
+        cap: String,
+        verb: String,
+        args: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+        req_id: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (args, deadline, req_id) = (value::encode(args)?, seconds(timeout)?, self::req_id(req_id)?);
+        let peer = self.peer.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let task = peer
+                .submit_raw(&cap, &verb, &args, req_id.as_ref(), deadline)
+                .await
+                .map_err(errors::call)?;
+            Ok(TaskHandle { task })
+        })
+    }
+
+    /// A handle to task `id` on this peer.
+    fn task(&self, id: String) -> TaskHandle {
+        TaskHandle {
+            task: self.peer.task(id),
+        }
+    }
+
+    /// Binds the peer with its invite: this node becomes its control
+    /// plane; what it answered.
+    fn bind<'py>(&self, py: Python<'py>, invite: &str) -> PyResult<Bound<'py, PyAny>> {
+        let invite: capwire::Invite = invite.parse().map_err(value_error)?;
+        let peer = self.peer.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let reply = peer.bind(&invite).await.map_err(errors::call)?;
+            value::serialized(&reply)
+        })
+    }
+}
+
+/// A stream's items as they arrive.
+#[pyclass(frozen, module = "capwire._capwire")]
+pub(crate) struct ItemStream {
+    items: Arc<tokio::sync::Mutex<Option<RustItems<RawValue>>>>,
+}
+
+#[pymethods]
+impl ItemStream {
+    /// The next item; raises `StopAsyncIteration` after the last.
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let items = Arc::clone(&self.items);
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let mut guard = items.lock().await;
+            let Some(stream) = guard.as_mut() else {
+                return Err(PyStopAsyncIteration::new_err(()));
+            };
+            match stream.next().await {
+                Some(Ok(item)) => value::cbor(&item),
+                Some(Err(e)) => {
+                    guard.take();
+                    Err(errors::call(e))
+                }
+                None => {
+                    guard.take();
+                    Err(PyStopAsyncIteration::new_err(()))
+                }
+            }
+        })
+    }
+
+    /// Stops the stream: the peer is told to stop (if it had not ended).
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let items = Arc::clone(&self.items);
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            drop(items.lock().await.take());
+            Ok(())
+        })
+    }
+}
+
+/// A task on a peer.
+#[pyclass(frozen, module = "capwire._capwire")]
+pub(crate) struct TaskHandle {
+    task: RustTask<RawValue>,
+}
+
+#[pymethods]
+impl TaskHandle {
+    #[getter]
+    fn id(&self) -> &str {
+        self.task.id()
+    }
+
+    fn get<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let task = self.task.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            value::serialized(&task.get().await.map_err(errors::call)?)
+        })
+    }
+
+    fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let task = self.task.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            value::cbor(&task.result().await.map_err(errors::call)?)
+        })
+    }
+
+    #[pyo3(signature = (answer, question_seq=None))]
+    fn respond<'py>(
+        &self,
+        py: Python<'py>,
+        answer: &Bound<'py, PyAny>,
+        question_seq: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let answer = value::encode(answer)?;
+        let task = self.task.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let info = task.respond_to(question_seq, &answer).await.map_err(errors::call)?;
+            value::serialized(&info)
+        })
+    }
+
+    fn cancel<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let task = self.task.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            value::serialized(&task.cancel().await.map_err(errors::call)?)
+        })
+    }
+
+    #[pyo3(signature = (start=1))]
+    fn events<'py>(&self, py: Python<'py>, start: u64) -> PyResult<Bound<'py, PyAny>> {
+        let task = self.task.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let events = task.events(start).await.map_err(errors::call)?;
+            Ok(EventStream {
+                events: Arc::new(tokio::sync::Mutex::new(events)),
+            })
+        })
+    }
+}
+
+/// A task's events as they happen.
+#[pyclass(frozen, module = "capwire._capwire")]
+pub(crate) struct EventStream {
+    events: Arc<tokio::sync::Mutex<TaskEvents>>,
+}
+
+#[pymethods]
+impl EventStream {
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let events = Arc::clone(&self.events);
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            match events.lock().await.next().await {
+                Some(Ok(event)) => value::serialized(&event),
+                Some(Err(e)) => Err(errors::call(e)),
+                None => Err(PyStopAsyncIteration::new_err(())),
+            }
+        })
+    }
+}
