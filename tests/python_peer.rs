@@ -10,16 +10,18 @@
 //! stranger and the control plane, and in a second test across a kill and
 //! restart of the node on the same state directory.
 //!
-//! The packages go into a virtual environment under the target directory
-//! (`target/pyvenv`, which `.ci/run` prepares), reused while it holds the
-//! pinned versions. Without Python the test fails, unless
-//! `CAPWIRE_SKIP_PYTHON=1` says to skip it.
+//! The packages go into the tests' virtual environment (`tests/pyenv`).
+//! Without Python the test fails, unless `CAPWIRE_SKIP_PYTHON=1` says to
+//! skip it.
+
+mod pyenv;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use pyenv::{python, repo};
 
 /// Kills the child when the test ends, however it ends.
 struct Killed(Child);
@@ -32,108 +34,6 @@ impl Drop for Killed {
 }
 
 const PEER_DEADLINE: Duration = Duration::from_secs(120);
-
-/// Exits 0 when every `name==version` line of the requirements is installed.
-const PINNED: &str = r##"
-import importlib.metadata as m, sys
-for line in open(sys.argv[1]):
-    line = line.split("#")[0].strip()
-    if line:
-        name, version = line.split("==")
-        assert m.version(name) == version, line
-"##;
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn venv_dir() -> PathBuf {
-    // CARGO_TARGET_TMPDIR is `<target dir>/tmp`.
-    Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("the target directory")
-        .join("pyvenv")
-}
-
-/// Python is missing or will not set up: a failure, or a skip when asked.
-/// Returns `None` when the test should be skipped.
-fn unavailable(what: &str) -> Option<PathBuf> {
-    if std::env::var("CAPWIRE_SKIP_PYTHON").as_deref() == Ok("1") {
-        eprintln!("skipped: the Python peer needs {what} (CAPWIRE_SKIP_PYTHON=1)");
-        return None;
-    }
-    panic!(
-        "the Python peer test needs {what}; install python3 with venv and pip \
-         (or set CAPWIRE_SKIP_PYTHON=1 to skip this test)"
-    );
-}
-
-fn run(cmd: &mut Command) -> Result<std::process::Output, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() {
-        Ok(out)
-    } else {
-        Err(format!(
-            "{cmd:?}: {}\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-/// The venv's python, with the pinned requirements installed.
-fn python() -> Option<PathBuf> {
-    // The tests of this file run at once; one of them makes the venv.
-    static SETUP: Mutex<()> = Mutex::new(());
-    let _one = SETUP.lock().unwrap_or_else(PoisonError::into_inner);
-    let venv = venv_dir();
-    let python = venv.join("bin").join("python");
-    let requirements = repo().join("tests/python/requirements.txt");
-    let has_them = || {
-        Command::new(&python)
-            .args(["-c", PINNED])
-            .arg(&requirements)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if has_them() {
-        return Some(python);
-    }
-    if let Err(e) = run(Command::new("python3").arg("--version")) {
-        return unavailable(&format!("python3 on PATH ({e})"));
-    }
-    let make_venv = || {
-        run(Command::new("python3")
-            .args(["-m", "venv", "--clear"])
-            .arg(&venv))
-    };
-    if !python.exists()
-        && let Err(e) = make_venv()
-    {
-        return unavailable(&format!("a virtual environment ({e})"));
-    }
-    let install = run(Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "-r",
-        ])
-        .arg(&requirements));
-    if let Err(e) = install {
-        return unavailable(&format!("its packages from the registry ({e})"));
-    }
-    assert!(
-        has_them(),
-        "the venv lacks the pinned packages after pip install"
-    );
-    Some(python)
-}
 
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -5,20 +5,26 @@
 
 use std::time::{Duration, Instant};
 
-use capwire::envelope::RawValue;
+use capwire::envelope::{ErrorCode, RawValue};
 use capwire::manifest::DeclaredClass;
-use capwire::{Capability, Meta, RawVerb, Sender};
+use capwire::{Capability, HandlerError, Items, Meta, RawVerb, Sender};
 use pyo3::prelude::*;
 
+use crate::bridge::Bridge;
 use crate::errors;
 use crate::node::{Node, node_id, value_error};
 
-/// A node serving `app.bench/echo` (a request) and `app.bench/sink` (a
-/// notification) in Rust.
+/// A node serving `app.bench/echo` (a request), `app.bench/sink` (a
+/// notification) and `app.bench/flood` (a stream) in Rust.
 #[pyfunction]
-pub(crate) fn rust_echo_node(py: Python<'_>, listen: String) -> PyResult<Bound<'_, PyAny>> {
+pub(crate) fn rust_echo_node<'py>(
+    py: Python<'py>,
+    bridge: Bridge,
+    listen: String,
+) -> PyResult<Bound<'py, PyAny>> {
     let addr: capwire::Addr = listen.parse().map_err(value_error)?;
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    let on_loop = bridge.clone();
+    bridge.spawn(py, async move {
         let cap = Capability::new("app.bench", "1.0.0")
             .map_err(errors::node)?
             .handle_raw(
@@ -28,15 +34,35 @@ pub(crate) fn rust_echo_node(py: Python<'_>, listen: String) -> PyResult<Bound<'
             .handle_raw(
                 RawVerb::notification("sink", DeclaredClass::Bootstrap),
                 |_: RawValue, _: Sender, _: Meta| async move { Ok(RawValue::null()) },
-            );
+            )
+            .handle_raw_stream(RawVerb::stream("flood", DeclaredClass::Bootstrap), flood);
         let node = capwire::Node::builder("bench-rust")
             .listen(addr)
             .capability(cap)
             .start()
             .await
             .map_err(errors::node)?;
-        Ok(Node::from_rust(node))
+        Ok(Node::from_rust(node, on_loop))
     })
+}
+
+/// `app.bench/flood`: `[n, size]` items of `size` bytes, as fast as the
+/// caller's credit lets them go.
+async fn flood(
+    args: RawValue,
+    mut items: Items<RawValue>,
+    _: Sender,
+    _: Meta,
+) -> Result<(), HandlerError> {
+    let (n, size): (u64, usize) = args
+        .decode()
+        .map_err(|e| HandlerError::new(ErrorCode::BadArgs, e.to_string()))?;
+    let item = RawValue::encode(&ciborium::Value::Bytes(vec![7; size.min(1 << 20)]))
+        .map_err(|e| HandlerError::new(ErrorCode::Internal, e.to_string()))?;
+    for _ in 0..n {
+        items.send(item.clone()).await?;
+    }
+    Ok(())
 }
 
 /// Makes `n` calls of `cap/verb` with `payload` (bytes) from `node` to
@@ -53,7 +79,7 @@ pub(crate) fn rust_calls<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let peer = node.inner().peer(node_id(peer)?);
     let args = RawValue::encode(&serde_bytes(payload)).map_err(value_error)?;
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    node.bridge().spawn(py, async move {
         let start = Instant::now();
         for _ in 0..n {
             peer.call_raw(&cap, &verb, &args, Duration::from_secs(30))

@@ -1,23 +1,73 @@
 //! Errors as the Python exceptions of `capwire._errors`, one class per
-//! error code (and per local failure).
+//! error code (and per local failure). Made as [`Fail`] wherever they
+//! happen (a runtime thread has no GIL) and turned into the exception on
+//! the loop's thread.
 
 use capwire::envelope::{ErrorBody, ErrorCode};
 use capwire::{CallError, NodeError, StreamClosed, TaskError};
+use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::prelude::*;
 
-/// The exception class named `class` of `capwire._errors`, made with
-/// `message` and `code`.
-pub(crate) fn raise(class: &str, message: String, code: Option<String>) -> PyErr {
-    Python::attach(|py| {
-        let made = py
-            .import("capwire._errors")
-            .and_then(|m| m.getattr(class))
-            .and_then(|cls| cls.call1((message, code)));
-        match made {
-            Ok(exc) => PyErr::from_value(exc),
-            Err(e) => e,
+/// An exception to raise, made without the GIL.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// An instance of the class of `capwire._errors` named `class`.
+    Class {
+        class: &'static str,
+        message: String,
+        code: Option<String>,
+    },
+    /// The end of an async iteration.
+    Stop,
+    /// Any other exception.
+    Py(PyErr),
+}
+
+impl Fail {
+    pub(crate) fn class(
+        class: &'static str,
+        message: impl Into<String>,
+        code: Option<&str>,
+    ) -> Self {
+        Self::Class {
+            class,
+            message: message.into(),
+            code: code.map(str::to_owned),
         }
-    })
+    }
+
+    pub(crate) fn into_pyerr(self, py: Python<'_>) -> PyErr {
+        match self {
+            Fail::Class {
+                class,
+                message,
+                code,
+            } => {
+                let made = py
+                    .import("capwire._errors")
+                    .and_then(|m| m.getattr(class))
+                    .and_then(|cls| cls.call1((message, code)));
+                match made {
+                    Ok(exc) => PyErr::from_value(exc),
+                    Err(e) => e,
+                }
+            }
+            Fail::Stop => PyStopAsyncIteration::new_err(()),
+            Fail::Py(e) => e,
+        }
+    }
+}
+
+impl From<PyErr> for Fail {
+    fn from(e: PyErr) -> Self {
+        Fail::Py(e)
+    }
+}
+
+impl From<Fail> for PyErr {
+    fn from(f: Fail) -> Self {
+        Python::attach(|py| f.into_pyerr(py))
+    }
 }
 
 /// The class of an error code.
@@ -42,12 +92,16 @@ fn class_of(code: &ErrorCode) -> &'static str {
 }
 
 /// An error answer from a peer.
-pub(crate) fn remote(body: &ErrorBody) -> PyErr {
-    raise(class_of(&body.code), body.message.clone(), Some(body.code.to_string()))
+fn remote(body: &ErrorBody) -> Fail {
+    Fail::Class {
+        class: class_of(&body.code),
+        message: body.message.clone(),
+        code: Some(body.code.to_string()),
+    }
 }
 
 /// A call that did not produce a result.
-pub(crate) fn call(e: CallError) -> PyErr {
+pub(crate) fn call(e: CallError) -> Fail {
     let message = e.to_string();
     let (class, code) = match &e {
         CallError::Denied(body) | CallError::Remote(body) => return remote(body),
@@ -67,29 +121,29 @@ pub(crate) fn call(e: CallError) -> PyErr {
         CallError::Unsupported(_) => ("Unsupported", None),
         _ => ("CapwireError", None),
     };
-    raise(class, message, code.map(str::to_owned))
+    Fail::class(class, message, code)
 }
 
 /// A node that could not be built, started or connected.
-pub(crate) fn node(e: NodeError) -> PyErr {
+pub(crate) fn node(e: NodeError) -> Fail {
     match e {
         NodeError::Bind(inner) => call(inner),
-        NodeError::Timeout => raise("Timeout", e.to_string(), Some("timeout".into())),
-        NodeError::Shutdown => raise("Shutdown", e.to_string(), None),
-        other => raise("NodeError", other.to_string(), None),
+        NodeError::Timeout => Fail::class("Timeout", e.to_string(), Some("timeout")),
+        NodeError::Shutdown => Fail::class("Shutdown", e.to_string(), None),
+        other => Fail::class("NodeError", other.to_string(), None),
     }
 }
 
 /// A stream a handler can no longer write to.
-pub(crate) fn stream_closed(e: StreamClosed) -> PyErr {
-    raise("StreamClosed", e.to_string(), None)
+pub(crate) fn stream_closed(e: StreamClosed) -> Fail {
+    Fail::class("StreamClosed", e.to_string(), None)
 }
 
 /// A task operation that failed.
-pub(crate) fn task(e: TaskError) -> PyErr {
+pub(crate) fn task(e: TaskError) -> Fail {
     let class = match e {
         TaskError::NoAnswer => "NoAnswer",
         _ => "TaskError",
     };
-    raise(class, e.to_string(), None)
+    Fail::class(class, e.to_string(), None)
 }

@@ -3,12 +3,12 @@
 //! The runtime calls a handler on one of its threads after the chokepoint
 //! allowed the envelope; the args are decoded there, without the GIL. The
 //! handler's coroutine is then started as a task on the node's asyncio
-//! loop (`capwire._runtime.start`), and the loop hands its outcome back
+//! loop, through its [`Bridge`], and the loop hands its outcome back
 //! through a [`Completion`]. When the runtime drops the handler's future
 //! (a cancel from the caller, the deadline, the session's end, shutdown),
 //! the asyncio task is cancelled.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use capwire::envelope::{ErrorCode, RawValue};
@@ -17,15 +17,9 @@ use pyo3::prelude::*;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::bridge::Bridge;
 use crate::errors;
 use crate::value::{self, Cbor};
-
-/// What every handler of a node shares: the loop its coroutines run on
-/// and the function that starts them there.
-pub(crate) struct Bridge {
-    pub(crate) event_loop: Py<PyAny>,
-    pub(crate) start: Py<PyAny>,
-}
 
 /// How a handler's coroutine ended.
 type Outcome = Result<RawValue, HandlerError>;
@@ -44,8 +38,17 @@ pub(crate) struct Completion {
 #[pymethods]
 impl Completion {
     fn __call__(&self, task: &Bound<'_, PyAny>) {
-        let outcome = finished(task);
-        let tx = self.tx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        self.send(finished(task));
+    }
+}
+
+impl Completion {
+    fn send(&self, outcome: Outcome) {
+        let tx = self
+            .tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(tx) = tx {
             let _ = tx.send(outcome);
         }
@@ -59,7 +62,10 @@ fn finished(task: &Bound<'_, PyAny>) -> Outcome {
         .and_then(|c| c.is_truthy())
         .unwrap_or(false);
     if cancelled {
-        return Err(HandlerError::new(ErrorCode::Cancelled, "the handler was cancelled"));
+        return Err(HandlerError::new(
+            ErrorCode::Cancelled,
+            "the handler was cancelled",
+        ));
     }
     match task.call_method0("exception") {
         Ok(exc) if exc.is_none() => {}
@@ -70,7 +76,10 @@ fn finished(task: &Bound<'_, PyAny>) -> Outcome {
         .call_method0("result")
         .map_err(|_| internal("the handler failed"))?;
     value::encode(&result).map_err(|e| {
-        tracing_log(task.py(), &format!("a handler's result could not be sent: {e}"));
+        log_error(
+            task.py(),
+            &format!("a handler's result could not be sent: {e}"),
+        );
         internal("the handler's result could not be encoded")
     })
 }
@@ -98,7 +107,7 @@ fn raised(exc: &Bound<'_, PyAny>) -> HandlerError {
 }
 
 /// Logs through Python's `logging` (the node's log is the app's).
-pub(crate) fn tracing_log(py: Python<'_>, message: &str) {
+pub(crate) fn log_error(py: Python<'_>, message: &str) {
     let _ = py
         .import("logging")
         .and_then(|l| l.call_method1("getLogger", ("capwire",)))
@@ -129,11 +138,16 @@ impl Context {
 
     /// Seconds left of the caller's deadline.
     fn time_left(&self) -> f64 {
-        self.deadline.saturating_duration_since(Instant::now()).as_secs_f64()
+        self.deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64()
     }
 
     fn __repr__(&self) -> String {
-        format!("Context(sender={:?}, req_id={:?})", self.sender, self.req_id)
+        format!(
+            "Context(sender={:?}, req_id={:?})",
+            self.sender, self.req_id
+        )
     }
 }
 
@@ -142,6 +156,7 @@ impl Context {
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct ItemSink {
     items: Arc<tokio::sync::Mutex<Option<Items<RawValue>>>>,
+    bridge: Bridge,
 }
 
 #[pymethods]
@@ -149,7 +164,7 @@ impl ItemSink {
     fn send<'py>(&self, py: Python<'py>, item: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let raw = value::encode(item)?;
         let items = Arc::clone(&self.items);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             let mut items = items.lock().await;
             match items.as_mut() {
                 Some(items) => items.send(raw).await.map_err(errors::stream_closed),
@@ -164,6 +179,7 @@ impl ItemSink {
 pub(crate) struct TaskContext {
     task: Arc<Task>,
     sender: String,
+    bridge: Bridge,
 }
 
 #[pymethods]
@@ -187,10 +203,14 @@ impl TaskContext {
     }
 
     /// Reports progress: a `progress` event, written before this returns.
-    fn progress<'py>(&self, py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn progress<'py>(
+        &self,
+        py: Python<'py>,
+        value: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let raw = value::encode(value)?;
         let task = Arc::clone(&self.task);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             task.progress(&raw).await.map_err(errors::task)
         })
     }
@@ -207,32 +227,34 @@ impl TaskContext {
         let within = Duration::try_from_secs_f64(within)
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
         let task = Arc::clone(&self.task);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             let answer: ciborium::Value = task.ask(&raw, within).await.map_err(errors::task)?;
             Ok(Cbor(answer))
         })
     }
 }
 
-/// A started handler's asyncio task: cancelled if the runtime lets go of
-/// the handler before it ended.
-struct Running {
-    call: Option<Py<PyAny>>,
-}
+/// The asyncio task a handler runs as, once the loop started it.
+type Slot = Mutex<Option<Py<PyAny>>>;
 
-impl Running {
-    fn finished(&mut self) {
-        self.call = None;
-    }
+/// A started handler: its asyncio task is cancelled if the runtime lets
+/// go of the handler before it ended.
+struct Running {
+    bridge: Bridge,
+    slot: Option<Arc<Slot>>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(call) = self.call.take() {
-            Python::attach(|py| {
-                // A closed loop has nothing left to cancel.
-                let _ = call.call_method0(py, "cancel");
-            });
+        if let Some(slot) = self.slot.take() {
+            // Queued after the start: the task exists by then (or never
+            // will).
+            self.bridge.push(Box::new(move |py| {
+                let task = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+                if let Some(task) = task {
+                    let _ = task.call_method0(py, "cancel");
+                }
+            }));
         }
     }
 }
@@ -244,9 +266,61 @@ pub(crate) enum Extra {
     Task(Arc<Task>),
 }
 
+/// A handler to start: `invoke(args, ctx, extra)`.
+struct Call {
+    invoke: Arc<Py<PyAny>>,
+    args: ciborium::Value,
+    ctx: Context,
+    extra: Extra,
+}
+
+/// Starts `call` as a task on the loop (on its thread), `done` to be
+/// called with it when it ends.
+fn start(
+    py: Python<'_>,
+    bridge: &Bridge,
+    call: Call,
+    done: Py<Completion>,
+    slot: &Slot,
+) -> PyResult<()> {
+    let Call {
+        invoke,
+        args,
+        ctx,
+        extra,
+    } = call;
+    let args = value::to_py(py, &args, 0)?;
+    let sender = ctx.sender.clone();
+    let extra: Py<PyAny> = match extra {
+        Extra::None => py.None(),
+        Extra::Items(items) => Py::new(
+            py,
+            ItemSink {
+                items,
+                bridge: bridge.clone(),
+            },
+        )?
+        .into_any(),
+        Extra::Task(task) => Py::new(
+            py,
+            TaskContext {
+                task,
+                sender,
+                bridge: bridge.clone(),
+            },
+        )?
+        .into_any(),
+    };
+    let coro = invoke.call1(py, (args, Py::new(py, ctx)?, extra))?;
+    let task = bridge.event_loop(py).call_method1("create_task", (coro,))?;
+    task.call_method1("add_done_callback", (done,))?;
+    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(task.unbind());
+    Ok(())
+}
+
 /// Runs the Python handler `invoke` on the loop and waits for its outcome.
 pub(crate) async fn run(
-    bridge: Arc<Bridge>,
+    bridge: Bridge,
     invoke: Arc<Py<PyAny>>,
     args: RawValue,
     extra: Extra,
@@ -257,43 +331,41 @@ pub(crate) async fn run(
     // through and that are well-formed CBOR.
     let args = value::decode(&args).map_err(|e| HandlerError::new(ErrorCode::BadArgs, e))?;
     let (tx, rx) = oneshot::channel();
-    let started = Python::attach(|py| -> PyResult<Py<PyAny>> {
-        let args = value::to_py(py, &args, 0)?;
-        let sender = sender.to_string();
-        let ctx = Py::new(
-            py,
-            Context {
-                sender: sender.clone(),
-                req_id: meta.req_id.as_str().to_owned(),
-                deadline: meta.deadline,
-            },
-        )?;
-        let extra: Py<PyAny> = match &extra {
-            Extra::None => py.None(),
-            Extra::Items(items) => Py::new(py, ItemSink { items: Arc::clone(items) })?.into_any(),
-            Extra::Task(task) => Py::new(
-                py,
-                TaskContext {
-                    task: Arc::clone(task),
-                    sender,
-                },
-            )?
-            .into_any(),
-        };
-        let done = Py::new(py, Completion { tx: Mutex::new(Some(tx)) })?;
-        bridge
-            .start
-            .call1(py, (bridge.event_loop.clone_ref(py), invoke.clone_ref(py), args, ctx, extra, done))
-    });
-    let call = match started {
-        Ok(call) => call,
-        Err(e) => {
-            Python::attach(|py| tracing_log(py, &format!("a handler could not be started: {e}")));
-            return Err(internal("the handler could not be started"));
-        }
+    let ctx = Context {
+        sender: sender.to_string(),
+        req_id: meta.req_id.as_str().to_owned(),
+        deadline: meta.deadline,
     };
-    let mut running = Running { call: Some(call) };
+    let slot: Arc<Slot> = Arc::new(Mutex::new(None));
+    let call = Call {
+        invoke,
+        args,
+        ctx,
+        extra,
+    };
+    let on_loop = (bridge.clone(), Arc::clone(&slot));
+    bridge.push(Box::new(move |py| {
+        let (bridge, slot) = on_loop;
+        let done = match Py::new(
+            py,
+            Completion {
+                tx: Mutex::new(Some(tx)),
+            },
+        ) {
+            Ok(done) => done,
+            Err(e) => return log_error(py, &format!("a handler could not be started: {e}")),
+        };
+        if let Err(e) = start(py, &bridge, call, done.clone_ref(py), &slot) {
+            log_error(py, &format!("a handler could not be started: {e}"));
+            done.get()
+                .send(Err(internal("the handler could not be started")));
+        }
+    }));
+    let mut running = Running {
+        bridge,
+        slot: Some(slot),
+    };
     let outcome = rx.await;
-    running.finished();
-    outcome.unwrap_or_else(|_| Err(internal("the handler's loop is gone")))
+    running.slot = None;
+    outcome.unwrap_or_else(|_| Err(internal("the handler could not be started")))
 }

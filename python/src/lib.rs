@@ -3,6 +3,7 @@
 //! is the API; this module is not used directly.
 
 mod bench;
+mod bridge;
 mod errors;
 mod handlers;
 mod node;
@@ -14,6 +15,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _capwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(node::start_node, m)?)?;
+    m.add_class::<bridge::Bridge>()?;
     m.add_class::<node::Node>()?;
     m.add_class::<node::ConfigWatch>()?;
     m.add_class::<peer::Peer>()?;

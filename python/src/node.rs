@@ -8,11 +8,13 @@ use capwire::envelope::RawValue;
 use capwire::manifest::DeclaredClass;
 use capwire::prometheus::MetricsServer;
 use capwire::{Addr, Capability, Contact, Invite, Items, Meta, NodeId, RawVerb, Sender, Task};
-use pyo3::exceptions::{PyValueError, PyStopAsyncIteration};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::bridge::Bridge;
 use crate::errors;
-use crate::handlers::{self, Bridge, Extra};
+use crate::errors::Fail;
+use crate::handlers::{self, Extra};
 use crate::peer::Peer;
 use crate::value;
 
@@ -21,11 +23,13 @@ pub(crate) fn value_error(e: impl std::fmt::Display) -> PyErr {
 }
 
 pub(crate) fn node_id(text: &str) -> PyResult<NodeId> {
-    text.parse().map_err(|e| value_error(format!("not a node id: {e}")))
+    text.parse()
+        .map_err(|e| value_error(format!("not a node id: {e}")))
 }
 
 fn addr(text: &str) -> PyResult<Addr> {
-    text.parse().map_err(|e| value_error(format!("not an address: {e}")))
+    text.parse()
+        .map_err(|e| value_error(format!("not an address: {e}")))
 }
 
 pub(crate) fn seconds(s: Option<f64>) -> PyResult<Duration> {
@@ -54,16 +58,22 @@ pub(crate) struct VerbDecl {
 
 fn schema(text: &Option<String>) -> PyResult<Option<serde_json::Value>> {
     text.as_deref()
-        .map(|t| serde_json::from_str(t).map_err(|e| value_error(format!("a schema is not JSON: {e}"))))
+        .map(|t| {
+            serde_json::from_str(t).map_err(|e| value_error(format!("a schema is not JSON: {e}")))
+        })
         .transpose()
 }
 
 /// Adds `decl` to `cap`, its handler bridged to the loop.
-fn add_verb(cap: Capability, decl: VerbDecl, bridge: &Arc<Bridge>) -> PyResult<Capability> {
+fn add_verb(cap: Capability, decl: VerbDecl, bridge: &Bridge) -> PyResult<Capability> {
     let class = match decl.auth.as_str() {
         "bootstrap" => DeclaredClass::Bootstrap,
         "controller" => DeclaredClass::Controller,
-        other => return Err(value_error(format!("auth must be bootstrap or controller, not {other:?}"))),
+        other => {
+            return Err(value_error(format!(
+                "auth must be bootstrap or controller, not {other:?}"
+            )));
+        }
     };
     let mut verb = match decl.kind.as_str() {
         "request" => RawVerb::request(&decl.name, class),
@@ -79,24 +89,46 @@ fn add_verb(cap: Capability, decl: VerbDecl, bridge: &Arc<Bridge>) -> PyResult<C
         verb = verb.result_schema(&s);
     }
     let invoke = Arc::new(decl.invoke);
-    let bridge = Arc::clone(bridge);
+    let bridge = bridge.clone();
     Ok(match decl.kind.as_str() {
-        "stream" => cap.handle_raw_stream(verb, move |args: RawValue, items: Items<RawValue>, from: Sender, meta: Meta| {
-            let (bridge, invoke) = (Arc::clone(&bridge), Arc::clone(&invoke));
-            async move {
-                let items = Arc::new(tokio::sync::Mutex::new(Some(items)));
-                let out = handlers::run(bridge, invoke, args, Extra::Items(Arc::clone(&items)), from, meta).await;
-                // The stream ends here, whoever still holds the sink.
-                drop(items.lock().await.take());
-                out.map(drop)
-            }
-        }),
-        "task" => cap.handle_raw_task(verb, decl.resumable, move |args: RawValue, task: Task, from: Sender, meta: Meta| {
-            let (bridge, invoke) = (Arc::clone(&bridge), Arc::clone(&invoke));
-            handlers::run(bridge, invoke, args, Extra::Task(Arc::new(task)), from, meta)
-        }),
+        "stream" => cap.handle_raw_stream(
+            verb,
+            move |args: RawValue, items: Items<RawValue>, from: Sender, meta: Meta| {
+                let (bridge, invoke) = (bridge.clone(), Arc::clone(&invoke));
+                async move {
+                    let items = Arc::new(tokio::sync::Mutex::new(Some(items)));
+                    let out = handlers::run(
+                        bridge,
+                        invoke,
+                        args,
+                        Extra::Items(Arc::clone(&items)),
+                        from,
+                        meta,
+                    )
+                    .await;
+                    // The stream ends here, whoever still holds the sink.
+                    drop(items.lock().await.take());
+                    out.map(drop)
+                }
+            },
+        ),
+        "task" => cap.handle_raw_task(
+            verb,
+            decl.resumable,
+            move |args: RawValue, task: Task, from: Sender, meta: Meta| {
+                let (bridge, invoke) = (bridge.clone(), Arc::clone(&invoke));
+                handlers::run(
+                    bridge,
+                    invoke,
+                    args,
+                    Extra::Task(Arc::new(task)),
+                    from,
+                    meta,
+                )
+            },
+        ),
         _ => cap.handle_raw(verb, move |args: RawValue, from: Sender, meta: Meta| {
-            let (bridge, invoke) = (Arc::clone(&bridge), Arc::clone(&invoke));
+            let (bridge, invoke) = (bridge.clone(), Arc::clone(&invoke));
             handlers::run(bridge, invoke, args, Extra::None, from, meta)
         }),
     })
@@ -104,11 +136,12 @@ fn add_verb(cap: Capability, decl: VerbDecl, bridge: &Arc<Bridge>) -> PyResult<C
 
 /// Starts a node; awaitable, on the loop whose handlers will run.
 #[pyfunction]
-#[pyo3(signature = (app_id, *, name=None, description=String::new(), listen=Vec::new(), state_dir=None, key_file=None, bound_to=None, contacts=Vec::new(), verbs=Vec::new()))]
+#[pyo3(signature = (app_id, bridge, *, name=None, description=String::new(), listen=Vec::new(), state_dir=None, key_file=None, bound_to=None, contacts=Vec::new(), verbs=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start_node<'py>(
     py: Python<'py>,
     app_id: String,
+    bridge: Bridge,
     name: Option<String>,
     description: String,
     listen: Vec<String>,
@@ -118,10 +151,6 @@ pub(crate) fn start_node<'py>(
     contacts: Vec<(String, String, String)>,
     verbs: Vec<VerbDecl>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let bridge = Arc::new(Bridge {
-        event_loop: pyo3_async_runtimes::tokio::get_current_loop(py)?.unbind(),
-        start: py.import("capwire._runtime")?.getattr("start")?.unbind(),
-    });
     let mut builder = capwire::Node::builder(app_id).description(description);
     if let Some(name) = name {
         builder = builder.name(name);
@@ -133,7 +162,8 @@ pub(crate) fn start_node<'py>(
         builder = builder.state_dir(dir);
     }
     if let Some(path) = key_file {
-        let key = capwire::identity::read_key_file(std::path::Path::new(&path)).map_err(value_error)?;
+        let key =
+            capwire::identity::read_key_file(std::path::Path::new(&path)).map_err(value_error)?;
         builder = builder.keypair(key);
     }
     if let Some(id) = bound_to {
@@ -152,7 +182,8 @@ pub(crate) fn start_node<'py>(
         let at = caps.iter().position(|c| c.id() == decl.cap);
         let cap = match at {
             Some(i) => caps.remove(i),
-            None => Capability::new(&decl.cap, &decl.version).map_err(errors::node)?,
+            None => Capability::new(&decl.cap, &decl.version)
+                .map_err(|e| PyErr::from(errors::node(e)))?,
         };
         let cap = add_verb(cap, decl, &bridge)?;
         caps.insert(at.unwrap_or(caps.len()), cap);
@@ -160,12 +191,10 @@ pub(crate) fn start_node<'py>(
     for cap in caps {
         builder = builder.capability(cap);
     }
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    let on_loop = bridge.clone();
+    bridge.spawn(py, async move {
         let node = builder.start().await.map_err(errors::node)?;
-        Ok(Node {
-            node,
-            metrics: Mutex::new(Vec::new()),
-        })
+        Ok(Node::from_rust(node, on_loop))
     })
 }
 
@@ -173,7 +202,8 @@ pub(crate) fn start_node<'py>(
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct Node {
     node: capwire::Node,
-    metrics: Mutex<Vec<MetricsServer>>,
+    bridge: Bridge,
+    metrics: Arc<Mutex<Vec<MetricsServer>>>,
 }
 
 #[pymethods]
@@ -185,17 +215,24 @@ impl Node {
     }
 
     fn local_addrs(&self) -> Vec<String> {
-        self.node.local_addrs().iter().map(ToString::to_string).collect()
+        self.node
+            .local_addrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
     }
 
     fn manifest(&self) -> PyResult<value::Cbor> {
-        value::serialized(&self.node.manifest())
+        Ok(value::serialized(&self.node.manifest())?)
     }
 
     #[pyo3(signature = (expected=None))]
     fn invite(&self, expected: Option<&str>) -> PyResult<String> {
         let expected = expected.map(node_id).transpose()?;
-        self.node.invite(expected).map(|i| i.to_string()).map_err(errors::node)
+        self.node
+            .invite(expected)
+            .map(|i| i.to_string())
+            .map_err(|e| PyErr::from(errors::node(e)))
     }
 
     fn cancel_invite(&self) {
@@ -208,58 +245,79 @@ impl Node {
 
     fn unbind<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let node = self.node.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             let was = node.unbind().await.map_err(errors::node)?;
             Ok(was.map(|c| c.to_string()))
         })
     }
 
     fn config(&self) -> PyResult<value::Cbor> {
-        value::serialized(&self.node.config())
+        Ok(value::serialized(&self.node.config())?)
     }
 
     fn watch_config(&self) -> ConfigWatch {
         ConfigWatch {
             watch: Arc::new(tokio::sync::Mutex::new(self.node.watch_config())),
+            bridge: self.bridge.clone(),
         }
     }
 
     #[pyo3(signature = (address, expected=None))]
-    fn connect<'py>(&self, py: Python<'py>, address: &str, expected: Option<&str>) -> PyResult<Bound<'py, PyAny>> {
+    fn connect<'py>(
+        &self,
+        py: Python<'py>,
+        address: &str,
+        expected: Option<&str>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let (address, expected) = (addr(address)?, expected.map(node_id).transpose()?);
-        let node = self.node.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let peer = node.connect(&address, expected).await.map_err(errors::node)?;
-            Ok(Peer::new(peer))
+        let (node, bridge) = (self.node.clone(), self.bridge.clone());
+        self.bridge.spawn(py, async move {
+            let peer = node
+                .connect(&address, expected)
+                .await
+                .map_err(errors::node)?;
+            Ok(Peer::new(peer, bridge))
         })
     }
 
     fn connect_invite<'py>(&self, py: Python<'py>, invite: &str) -> PyResult<Bound<'py, PyAny>> {
         let invite: Invite = invite.parse().map_err(value_error)?;
-        let node = self.node.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let (node, bridge) = (self.node.clone(), self.bridge.clone());
+        self.bridge.spawn(py, async move {
             let (peer, reply) = node.connect_invite(&invite).await.map_err(errors::node)?;
             let reply = reply.map(|r| value::serialized(&r)).transpose()?;
-            Ok((Peer::new(peer), reply))
+            Ok((Peer::new(peer, bridge), reply))
         })
     }
 
     fn peer(&self, id: &str) -> PyResult<Peer> {
-        Ok(Peer::new(self.node.peer(node_id(id)?)))
+        Ok(Peer::new(self.node.peer(node_id(id)?), self.bridge.clone()))
     }
 
     #[pyo3(signature = (id, timeout=None))]
-    fn wait_for_peer<'py>(&self, py: Python<'py>, id: &str, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
+    fn wait_for_peer<'py>(
+        &self,
+        py: Python<'py>,
+        id: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let (id, timeout) = (node_id(id)?, seconds(timeout)?);
-        let node = self.node.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let peer = node.wait_for_peer(id, timeout).await.map_err(errors::node)?;
-            Ok(Peer::new(peer))
+        let (node, bridge) = (self.node.clone(), self.bridge.clone());
+        self.bridge.spawn(py, async move {
+            let peer = node
+                .wait_for_peer(id, timeout)
+                .await
+                .map_err(errors::node)?;
+            Ok(Peer::new(peer, bridge))
         })
     }
 
     fn connected_peers(&self) -> Vec<String> {
-        self.node.connected_peers().iter().map(ToString::to_string).collect()
+        self.node
+            .connected_peers()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
     }
 
     /// The node's counters in the Prometheus text format.
@@ -271,23 +329,30 @@ impl Node {
     /// address bound.
     fn serve_metrics<'py>(slf: Bound<'py, Self>, address: &str) -> PyResult<Bound<'py, PyAny>> {
         let address: std::net::SocketAddr = address.parse().map_err(value_error)?;
-        let this = slf.clone().unbind();
-        let node = slf.get().node.clone();
-        pyo3_async_runtimes::tokio::future_into_py(slf.py(), async move {
+        let this = slf.get();
+        let (node, servers) = (this.node.clone(), Arc::clone(&this.metrics));
+        this.bridge.spawn(slf.py(), async move {
             let server = MetricsServer::bind(address, node)
                 .await
-                .map_err(|e| errors::raise("NodeError", e.to_string(), None))?;
+                .map_err(|e| Fail::class("NodeError", e.to_string(), None))?;
             let bound = server.local_addr().to_string();
-            this.get().metrics.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(server);
+            servers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(server);
             Ok(bound)
         })
     }
 
     fn shutdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let node = self.node.clone();
-        let servers: Vec<MetricsServer> =
-            std::mem::take(&mut *self.metrics.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let servers: Vec<MetricsServer> = std::mem::take(
+            &mut *self
+                .metrics
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        self.bridge.spawn(py, async move {
             for server in servers {
                 server.stop();
                 server.stopped().await;
@@ -299,11 +364,16 @@ impl Node {
 }
 
 impl Node {
-    pub(crate) fn from_rust(node: capwire::Node) -> Self {
+    pub(crate) fn from_rust(node: capwire::Node, bridge: Bridge) -> Self {
         Self {
             node,
-            metrics: Mutex::new(Vec::new()),
+            bridge,
+            metrics: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    pub(crate) fn bridge(&self) -> &Bridge {
+        &self.bridge
     }
 
     pub(crate) fn inner(&self) -> &capwire::Node {
@@ -315,23 +385,27 @@ impl Node {
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct ConfigWatch {
     watch: Arc<tokio::sync::Mutex<capwire::ConfigWatch>>,
+    bridge: Bridge,
 }
 
 #[pymethods]
 impl ConfigWatch {
     fn current(&self) -> PyResult<value::Cbor> {
-        let watch = self.watch.try_lock().map_err(|_| value_error("the watch is being waited on"))?;
-        value::serialized(&watch.current())
+        let watch = self
+            .watch
+            .try_lock()
+            .map_err(|_| value_error("the watch is being waited on"))?;
+        Ok(value::serialized(&watch.current())?)
     }
 
     /// The next configuration; raises `StopAsyncIteration` when the node
     /// stopped.
     fn changed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let watch = Arc::clone(&self.watch);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             match watch.lock().await.changed().await {
                 Some(config) => value::serialized(&config),
-                None => Err(PyStopAsyncIteration::new_err(())),
+                None => Err(Fail::Stop),
             }
         })
     }

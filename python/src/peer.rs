@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use capwire::envelope::{RawValue, ReqId};
 use capwire::{ItemStream as RustItems, TaskEvents, TaskHandle as RustTask};
-use pyo3::exceptions::PyStopAsyncIteration;
+use futures_util::FutureExt;
 use pyo3::prelude::*;
 
-use crate::errors;
+use crate::bridge::Bridge;
+use crate::errors::{self, Fail};
 use crate::node::{seconds, value_error};
 use crate::value::{self, Cbor};
 
@@ -21,11 +22,12 @@ fn req_id(text: Option<String>) -> PyResult<Option<ReqId>> {
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct Peer {
     peer: capwire::Peer,
+    bridge: Bridge,
 }
 
 impl Peer {
-    pub(crate) fn new(peer: capwire::Peer) -> Self {
-        Self { peer }
+    pub(crate) fn new(peer: capwire::Peer, bridge: Bridge) -> Self {
+        Self { peer, bridge }
     }
 }
 
@@ -38,7 +40,11 @@ impl Peer {
 
     /// The peer's manifest from its hello, when a session is up.
     fn manifest(&self) -> PyResult<Option<Cbor>> {
-        self.peer.manifest().map(|m| value::serialized(&*m)).transpose()
+        Ok(self
+            .peer
+            .manifest()
+            .map(|m| value::serialized(&*m))
+            .transpose()?)
     }
 
     #[pyo3(signature = (cap, verb, args, timeout=None, req_id=None))]
@@ -51,11 +57,18 @@ impl Peer {
         timeout: Option<f64>,
         req_id: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (args, deadline, req_id) = (value::encode(args)?, seconds(timeout)?, self::req_id(req_id)?);
+        let (args, deadline, req_id) = (
+            value::encode(args)?,
+            seconds(timeout)?,
+            self::req_id(req_id)?,
+        );
         let peer = self.peer.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             let result = match req_id {
-                Some(id) => peer.call_raw_with_id(&cap, &verb, &args, &id, deadline).await,
+                Some(id) => {
+                    peer.call_raw_with_id(&cap, &verb, &args, &id, deadline)
+                        .await
+                }
                 None => peer.call_raw(&cap, &verb, &args, deadline).await,
             };
             value::cbor(&result.map_err(errors::call)?)
@@ -73,8 +86,10 @@ impl Peer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (args, deadline) = (value::encode(args)?, seconds(timeout)?);
         let peer = self.peer.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            peer.notify_raw_within(&cap, &verb, &args, deadline).await.map_err(errors::call)
+        self.bridge.spawn(py, async move {
+            peer.notify_raw_within(&cap, &verb, &args, deadline)
+                .await
+                .map_err(errors::call)
         })
     }
 
@@ -90,11 +105,13 @@ impl Peer {
         let args = value::encode(args)?;
         let deadline = timeout.map(|t| seconds(Some(t))).transpose()?;
         let peer = self.peer.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let items = peer.stream_raw(&cap, &verb, &args, deadline).await.map_err(errors::call)?;
-            Ok(ItemStream {
-                items: Arc::new(tokio::sync::Mutex::new(Some(items))),
-            })
+        let bridge = self.bridge.clone();
+        self.bridge.spawn(py, async move {
+            let items = peer
+                .stream_raw(&cap, &verb, &args, deadline)
+                .await
+                .map_err(errors::call)?;
+            Ok(ItemStream::new(items, bridge))
         })
     }
 
@@ -108,14 +125,19 @@ impl Peer {
         timeout: Option<f64>,
         req_id: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (args, deadline, req_id) = (value::encode(args)?, seconds(timeout)?, self::req_id(req_id)?);
+        let (args, deadline, req_id) = (
+            value::encode(args)?,
+            seconds(timeout)?,
+            self::req_id(req_id)?,
+        );
         let peer = self.peer.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let bridge = self.bridge.clone();
+        self.bridge.spawn(py, async move {
             let task = peer
                 .submit_raw(&cap, &verb, &args, req_id.as_ref(), deadline)
                 .await
                 .map_err(errors::call)?;
-            Ok(TaskHandle { task })
+            Ok(TaskHandle { task, bridge })
         })
     }
 
@@ -123,6 +145,7 @@ impl Peer {
     fn task(&self, id: String) -> TaskHandle {
         TaskHandle {
             task: self.peer.task(id),
+            bridge: self.bridge.clone(),
         }
     }
 
@@ -131,7 +154,7 @@ impl Peer {
     fn bind<'py>(&self, py: Python<'py>, invite: &str) -> PyResult<Bound<'py, PyAny>> {
         let invite: capwire::Invite = invite.parse().map_err(value_error)?;
         let peer = self.peer.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             let reply = peer.bind(&invite).await.map_err(errors::call)?;
             value::serialized(&reply)
         })
@@ -141,38 +164,79 @@ impl Peer {
 /// A stream's items as they arrive.
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct ItemStream {
-    items: Arc<tokio::sync::Mutex<Option<RustItems<RawValue>>>>,
+    items: Arc<tokio::sync::Mutex<Taken>>,
+    bridge: Bridge,
+}
+
+/// A stream being taken: what is left of it, and how it ended when it
+/// ended after items that were handed over first.
+struct Taken {
+    stream: Option<RustItems<RawValue>>,
+    then: Option<Fail>,
+}
+
+impl ItemStream {
+    pub(crate) fn new(stream: RustItems<RawValue>, bridge: Bridge) -> Self {
+        Self {
+            items: Arc::new(tokio::sync::Mutex::new(Taken {
+                stream: Some(stream),
+                then: None,
+            })),
+            bridge,
+        }
+    }
+}
+
+/// How a stream that is over ends its iteration.
+fn ended(e: Option<capwire::CallError>) -> Fail {
+    e.map_or(Fail::Stop, errors::call)
 }
 
 #[pymethods]
 impl ItemStream {
-    /// The next item; raises `StopAsyncIteration` after the last.
-    fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// The items that are there (at least one, at most `max`), waiting
+    /// for the first; raises `StopAsyncIteration` after the last, or the
+    /// error the stream ended with. Taking items grants the peer credit.
+    #[pyo3(signature = (max=256))]
+    fn next_batch<'py>(&self, py: Python<'py>, max: usize) -> PyResult<Bound<'py, PyAny>> {
         let items = Arc::clone(&self.items);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let mut guard = items.lock().await;
-            let Some(stream) = guard.as_mut() else {
-                return Err(PyStopAsyncIteration::new_err(()));
+        self.bridge.spawn(py, async move {
+            let mut taken = items.lock().await;
+            if let Some(fail) = taken.then.take() {
+                return Err(fail);
+            }
+            let Some(stream) = taken.stream.as_mut() else {
+                return Err(Fail::Stop);
             };
+            let mut out = Vec::new();
             match stream.next().await {
-                Some(Ok(item)) => value::cbor(&item),
-                Some(Err(e)) => {
-                    guard.take();
-                    Err(errors::call(e))
-                }
-                None => {
-                    guard.take();
-                    Err(PyStopAsyncIteration::new_err(()))
+                Some(Ok(item)) => out.push(value::cbor(&item)?),
+                other => {
+                    taken.stream = None;
+                    return Err(ended(other.and_then(Result::err)));
                 }
             }
+            // What else is already here, without waiting.
+            while out.len() < max.max(1) {
+                match stream.next().now_or_never() {
+                    Some(Some(Ok(item))) => out.push(value::cbor(&item)?),
+                    Some(other) => {
+                        taken.stream = None;
+                        taken.then = Some(ended(other.and_then(Result::err)));
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            Ok(out)
         })
     }
 
     /// Stops the stream: the peer is told to stop (if it had not ended).
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let items = Arc::clone(&self.items);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            drop(items.lock().await.take());
+        self.bridge.spawn(py, async move {
+            drop(items.lock().await.stream.take());
             Ok(())
         })
     }
@@ -182,6 +246,7 @@ impl ItemStream {
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct TaskHandle {
     task: RustTask<RawValue>,
+    bridge: Bridge,
 }
 
 #[pymethods]
@@ -193,14 +258,14 @@ impl TaskHandle {
 
     fn get<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             value::serialized(&task.get().await.map_err(errors::call)?)
         })
     }
 
     fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             value::cbor(&task.result().await.map_err(errors::call)?)
         })
     }
@@ -214,15 +279,18 @@ impl TaskHandle {
     ) -> PyResult<Bound<'py, PyAny>> {
         let answer = value::encode(answer)?;
         let task = self.task.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let info = task.respond_to(question_seq, &answer).await.map_err(errors::call)?;
+        self.bridge.spawn(py, async move {
+            let info = task
+                .respond_to(question_seq, &answer)
+                .await
+                .map_err(errors::call)?;
             value::serialized(&info)
         })
     }
 
     fn cancel<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             value::serialized(&task.cancel().await.map_err(errors::call)?)
         })
     }
@@ -230,10 +298,12 @@ impl TaskHandle {
     #[pyo3(signature = (start=1))]
     fn events<'py>(&self, py: Python<'py>, start: u64) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let bridge = self.bridge.clone();
+        self.bridge.spawn(py, async move {
             let events = task.events(start).await.map_err(errors::call)?;
             Ok(EventStream {
                 events: Arc::new(tokio::sync::Mutex::new(events)),
+                bridge,
             })
         })
     }
@@ -243,17 +313,18 @@ impl TaskHandle {
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct EventStream {
     events: Arc<tokio::sync::Mutex<TaskEvents>>,
+    bridge: Bridge,
 }
 
 #[pymethods]
 impl EventStream {
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let events = Arc::clone(&self.events);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        self.bridge.spawn(py, async move {
             match events.lock().await.next().await {
                 Some(Ok(event)) => value::serialized(&event),
                 Some(Err(e)) => Err(errors::call(e)),
-                None => Err(PyStopAsyncIteration::new_err(())),
+                None => Err(Fail::Stop),
             }
         })
     }

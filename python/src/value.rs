@@ -7,7 +7,11 @@ use capwire::envelope::RawValue;
 use ciborium::Value;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+use crate::errors::Fail;
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
+};
 
 /// How deep a value may nest, either way.
 pub(crate) const MAX_DEPTH: usize = 128;
@@ -17,7 +21,11 @@ fn too_deep() -> PyErr {
 }
 
 /// A CBOR value as a Python object.
-pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value, depth: usize) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn to_py<'py>(
+    py: Python<'py>,
+    value: &Value,
+    depth: usize,
+) -> PyResult<Bound<'py, PyAny>> {
     if depth > MAX_DEPTH {
         return Err(too_deep());
     }
@@ -84,10 +92,18 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return Ok(Value::Bytes(b.to_vec()));
     }
     if let Ok(list) = obj.cast::<PyList>() {
-        return list.iter().map(|x| from_py(&x, depth + 1)).collect::<PyResult<_>>().map(Value::Array);
+        return list
+            .iter()
+            .map(|x| from_py(&x, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Value::Array);
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
-        return tuple.iter().map(|x| from_py(&x, depth + 1)).collect::<PyResult<_>>().map(Value::Array);
+        return tuple
+            .iter()
+            .map(|x| from_py(&x, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Value::Array);
     }
     if let Ok(dict) = obj.cast::<PyDict>() {
         let mut entries = Vec::with_capacity(dict.len());
@@ -106,7 +122,8 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
 /// A Python object as raw CBOR.
 pub(crate) fn encode(obj: &Bound<'_, PyAny>) -> PyResult<RawValue> {
     let value = from_py(obj, 0)?;
-    RawValue::encode(&value).map_err(|e| PyValueError::new_err(format!("the value does not encode: {e}")))
+    RawValue::encode(&value)
+        .map_err(|e| PyValueError::new_err(format!("the value does not encode: {e}")))
 }
 
 /// Raw CBOR as a CBOR value (no Python needed: decoded off the loop).
@@ -128,13 +145,18 @@ impl<'py> IntoPyObject<'py> for Cbor {
 }
 
 /// Raw CBOR decoded for Python, or the error it is.
-pub(crate) fn cbor(raw: &RawValue) -> PyResult<Cbor> {
-    decode(raw).map(Cbor).map_err(|e| PyValueError::new_err(format!("the value does not decode: {e}")))
+pub(crate) fn cbor(raw: &RawValue) -> Result<Cbor, Fail> {
+    decode(raw).map(Cbor).map_err(|e| {
+        Fail::Py(PyValueError::new_err(format!(
+            "the value does not decode: {e}"
+        )))
+    })
 }
 
 /// A value that serializes (a manifest, a task's info) as a Python object,
 /// through its CBOR form.
-pub(crate) fn serialized<T: serde::Serialize>(value: &T) -> PyResult<Cbor> {
-    let raw = RawValue::encode(value).map_err(|e| PyValueError::new_err(e.to_string()))?;
+pub(crate) fn serialized<T: serde::Serialize>(value: &T) -> Result<Cbor, Fail> {
+    let raw =
+        RawValue::encode(value).map_err(|e| Fail::Py(PyValueError::new_err(e.to_string())))?;
     cbor(&raw)
 }

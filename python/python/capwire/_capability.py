@@ -64,7 +64,7 @@ class Task:
         ``answer``. Raises ``NoAnswer`` when none came in time."""
         raw = await self._native.ask(plain(question), within)
         try:
-            return adapter(answer).validate_python(raw)  # type: ignore[no-any-return]
+            return adapter(typing.cast(Any, answer)).validate_python(raw)  # type: ignore[no-any-return]
         except ValidationError as e:
             raise BadArgs(f"the answer does not fit: {brief(e)}") from None
 
@@ -107,13 +107,18 @@ class _Verb:
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
         hints = typing.get_type_hints(fn)
-        # args, then (a task's Task), then an optional Context.
+        # args, then (a task's Task), then an optional Context; a request,
+        # notification or stream handler may take no args at all (whatever
+        # args come are then ignored: `ctl call` sends `{}`).
         fixed = 2 if kind == "task" else 1
+        self.takes_args = True
+        if kind != "task" and not params:
+            self.takes_args, fixed = False, 0
         if len(params) < fixed or len(params) > fixed + 1:
-            want = "(args, task[, ctx])" if kind == "task" else "(args[, ctx])"
+            want = "(args, task[, ctx])" if kind == "task" else "([args[, ctx]])"
             raise TypeError(f"{cap.id}/{name}: the handler takes {want}")
         self.wants_ctx = len(params) == fixed + 1
-        self.args_type = hints.get(params[0].name, _MISSING)
+        self.args_type = hints.get(params[0].name, _MISSING) if self.takes_args else _MISSING
         ret = hints.get("return", _MISSING)
         if kind == "stream":
             ret = _item_type(ret)
@@ -139,7 +144,7 @@ class _Verb:
     def _out(self, value: Any) -> Any:
         if self.result_adapter is None:
             return plain(value)
-        return self.result_adapter.dump_python(value, mode="json")
+        return plain(self.result_adapter.dump_python(value))
 
     async def invoke(self, raw: Any, ctx: _capwire.Context, extra: Any) -> Any:
         """Runs on the node's loop: args checked, handler run, result
@@ -152,19 +157,21 @@ class _Verb:
                 raise BadArgs(brief(e)) from None
         else:
             args = raw
-        more: list[Any] = [Task(extra)] if self.kind == "task" else []
+        more: list[Any] = [args] if self.takes_args else []
+        if self.kind == "task":
+            more.append(Task(extra))
         if self.wants_ctx:
             more.append(ctx)
         try:
             if self.kind == "stream":
-                gen = self.fn(args, *more)
+                gen = self.fn(*more)
                 try:
                     async for item in gen:
                         await extra.send(self._out(item))
                 finally:
                     await gen.aclose()
                 return None
-            out = await self.fn(args, *more)
+            out = await self.fn(*more)
             return None if self.kind == "notification" else self._out(out)
         except (CapwireError, asyncio.CancelledError):
             raise

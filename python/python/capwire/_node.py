@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import AsyncIterator, Generator
 from types import TracebackType
@@ -9,6 +10,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from . import _capwire
 from ._capability import Capability
+from ._runtime import bridge
 from ._values import plain, validate_result
 
 __all__ = ["Node", "NodeBuilder", "Peer", "Stream", "TaskHandle", "TaskEvent", "ConfigWatch"]
@@ -73,7 +75,7 @@ class NodeBuilder:
     async def _start(self) -> Node:
         opts = dict(self._opts)
         opts["verbs"] = [d for cap in self._caps for d in cap.declarations()]
-        native = await _capwire.start_node(self._app_id, **opts)
+        native = await _capwire.start_node(self._app_id, bridge(), **opts)
         return Node(native)
 
 
@@ -280,6 +282,7 @@ class Stream(Generic[T]):
         self._peer, self._cap, self._verb, self._args = native, cap, verb, args
         self._item, self._timeout = item, timeout
         self._native: _capwire.ItemStream | None = None
+        self._ready: collections.deque[Any] = collections.deque()
         self._closed = False
 
     async def _open(self) -> _capwire.ItemStream:
@@ -291,15 +294,18 @@ class Stream(Generic[T]):
         return self
 
     async def __anext__(self) -> T:
-        if self._closed:
-            raise StopAsyncIteration
-        native = await self._open()
-        raw = await native.next()
-        return validate_result(raw, self._item)  # type: ignore[no-any-return]
+        if not self._ready:
+            if self._closed:
+                raise StopAsyncIteration
+            native = await self._open()
+            # Every item already here comes in one hop.
+            self._ready.extend(await native.next_batch(256))
+        return validate_result(self._ready.popleft(), self._item)
 
     async def aclose(self) -> None:
         """Stops the stream; the peer is told to stop if it had not ended."""
         self._closed = True
+        self._ready.clear()
         if self._native is not None:
             await self._native.close()
 
@@ -348,7 +354,7 @@ class TaskHandle(Generic[T]):
     async def result(self) -> T:
         """Waits for the task to end: its result, or the error it failed
         with (raised)."""
-        return validate_result(await self._native.result(), self._result)  # type: ignore[no-any-return]
+        return validate_result(await self._native.result(), self._result)
 
     async def respond(self, answer: Any, *, question_seq: int | None = None) -> dict[str, Any]:
         """Answers the question the task waits on."""

@@ -30,9 +30,11 @@ def plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {plain(k): plain(v) for k, v in value.items()}
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+        # Python mode, then walked: bytes stay bytes (JSON mode would make
+        # them text, and fail on bytes that are not UTF-8).
+        return plain(value.model_dump())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return adapter(type(value)).dump_python(value, mode="json")
+        return plain(adapter(type(value)).dump_python(value))
     return to_jsonable_python(value)
 
 

@@ -1,0 +1,273 @@
+"""Shared fixtures: Python nodes started on the test's loop, `capwire node`
+and `capwire ctl` child processes, the pure-Rust bench node.
+
+Every node and child process a test starts is stopped in its fixture's
+teardown; every wait is bounded (asyncio.wait_for), and a watchdog kills
+the run (with every thread's traceback) should a test hang anyway.
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import faulthandler
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import capwire
+from capwire._capwire import bench
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: No single test may take longer than this (the watchdog then kills the run).
+TEST_DEADLINE = 90.0
+#: How long any one child command may run.
+COMMAND_TIMEOUT = 30.0
+
+
+def capwire_bin_path() -> Path:
+    """The `capwire` binary: $CAPWIRE_BIN, else target/debug/capwire of the
+    repository. A missing binary is a failure, never a skip."""
+    path = Path(os.environ.get("CAPWIRE_BIN") or REPO / "target/debug/capwire")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        pytest.fail(
+            f"the capwire binary is missing: {path} is not an executable file. "
+            "Build it (`cargo build --bin capwire` at the repository root) or point "
+            "CAPWIRE_BIN at one.",
+            pytrace=False,
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def capwire_bin() -> Path:
+    return capwire_bin_path()
+
+
+@pytest.fixture(autouse=True)
+def _watchdog() -> Any:
+    """Kills the whole run, dumping every thread's stack, if one test hangs."""
+    faulthandler.dump_traceback_later(TEST_DEADLINE, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RUST_LOG", "CAPWIRE_CTL_STATE")}
+    env["NO_COLOR"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclasses.dataclass
+class Done:
+    """A finished child command."""
+
+    args: Sequence[str]
+    rc: int
+    out: str
+    err: str
+
+    def json_lines(self) -> list[Any]:
+        return [json.loads(line) for line in self.out.splitlines() if line.strip()]
+
+    def __str__(self) -> str:
+        return f"{' '.join(map(str, self.args))}\n  exit {self.rc}\n  stdout: {self.out!r}\n  stderr: {self.err!r}"
+
+
+async def stop_process(proc: asyncio.subprocess.Process, *, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL when it does not go within `grace`."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.wait_for(proc.wait(), grace)
+
+
+async def run(args: Sequence[str | os.PathLike[str]], *, timeout: float = COMMAND_TIMEOUT, env: dict[str, str] | None = None) -> Done:
+    """Runs a child command to its end (killed after `timeout`)."""
+    argv = [str(a) for a in args]
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env if env is not None else child_env(),
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(proc.wait(), 5)
+        raise
+    assert proc.returncode is not None
+    return Done(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+class Ctl:
+    """`capwire ctl` with its own state directory (one control plane)."""
+
+    def __init__(self, binary: Path, state: Path) -> None:
+        self.binary = binary
+        self.state = state
+
+    def argv(self, *args: str) -> list[str]:
+        return [str(self.binary), "ctl", "--state", str(self.state), *args]
+
+    async def __call__(self, *args: str, timeout: float = COMMAND_TIMEOUT) -> Done:
+        return await run(self.argv(*args), timeout=timeout)
+
+    async def ok(self, *args: str, timeout: float = COMMAND_TIMEOUT) -> Done:
+        """Runs it and insists on exit code 0."""
+        done = await self(*args, timeout=timeout)
+        assert done.rc == 0, str(done)
+        return done
+
+    async def spawn(self, *args: str) -> asyncio.subprocess.Process:
+        """Starts it without waiting (the caller stops it)."""
+        return await asyncio.create_subprocess_exec(
+            *self.argv(*args),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=child_env(),
+        )
+
+    async def identity(self) -> str:
+        done = await self.ok("--json", "identity")
+        (record,) = done.json_lines()
+        return str(record["node_id"])
+
+    async def bind(self, invite: str, name: str) -> dict[str, Any]:
+        done = await self.ok("--json", "bind", invite, "--name", name)
+        (record,) = done.json_lines()
+        assert record["kind"] == "bound", str(done)
+        return record  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def ctl(capwire_bin: Path, tmp_path: Path) -> Ctl:
+    """A fresh control plane (`capwire ctl --state tmp/ctl`)."""
+    return Ctl(capwire_bin, tmp_path / "ctl")
+
+
+class Nodes:
+    """Starts Python nodes on the test's loop and shuts them all down at
+    the end of the test."""
+
+    def __init__(self) -> None:
+        self.started: list[capwire.Node] = []
+
+    async def start(self, app_id: str, *caps: capwire.Capability, listen: bool = True, **opts: Any) -> capwire.Node:
+        builder = capwire.Node.builder(app_id)
+        if listen:
+            builder = builder.listen("127.0.0.1:0")
+        for cap in caps:
+            builder = builder.capability(cap)
+        for name, value in opts.items():
+            builder = getattr(builder, name)(value)
+        node = await asyncio.wait_for(builder.start(), 15)
+        self.started.append(node)
+        return node
+
+    def adopt(self, node: capwire.Node) -> capwire.Node:
+        self.started.append(node)
+        return node
+
+    async def pair(self, *caps: capwire.Capability) -> tuple[capwire.Node, capwire.Node, capwire.Peer]:
+        """A serving node with `caps`, a client node and the client's peer
+        for the server."""
+        server = await self.start("py-server", *caps)
+        client = await self.start("py-client", listen=False)
+        peer = await asyncio.wait_for(client.connect(server.local_addrs()[0], server.id), 10)
+        return server, client, peer
+
+    async def close(self) -> None:
+        # A node with handlers still running waits up to its shutdown
+        # grace (5 s) before it cancels them: shut them down together.
+        await asyncio.wait_for(
+            asyncio.gather(*(n.shutdown() for n in self.started), return_exceptions=True), 30
+        )
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[Nodes]:
+    made = Nodes()
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+@dataclasses.dataclass
+class RustAgent:
+    """A `capwire node` child process."""
+
+    proc: asyncio.subprocess.Process
+    id: str
+    addr: str
+    invite: str
+    name: str
+
+    async def stop(self) -> str:
+        """Stops it; what it logged on stderr."""
+        await stop_process(self.proc)
+        assert self.proc.stderr is not None
+        return (await asyncio.wait_for(self.proc.stderr.read(), 10)).decode(errors="replace")
+
+
+@pytest.fixture
+async def rust_agent(capwire_bin: Path) -> AsyncIterator[RustAgent]:
+    """`capwire node --json`: app.agent (echo, tell, work, note) in Rust."""
+    name = "rust-agent"
+    proc = await asyncio.create_subprocess_exec(
+        str(capwire_bin), "node", "--json", "--name", name, "--listen", "127.0.0.1:0",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=child_env(RUST_LOG="info"),
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 15)
+        assert line, f"capwire node printed nothing (exit {proc.returncode})"
+        info = json.loads(line)
+        yield RustAgent(proc, info["node_id"], info["addrs"][0], info["invite"], name)
+    finally:
+        await stop_process(proc)
+
+
+@pytest.fixture
+async def rust_bench(nodes: Nodes) -> capwire.Node:
+    """The pure-Rust bench node: app.bench/echo, sink and flood."""
+    native = await asyncio.wait_for(bench.rust_echo_node("127.0.0.1:0"), 15)
+    return nodes.adopt(capwire.Node(native))
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0, what: str = "the condition") -> None:
+    """Polls `predicate()` until it is true."""
+    async def poll() -> None:
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{what} did not happen within {timeout} s") from None
+
+
+PYTHON = sys.executable
+SIGINT = signal.SIGINT
