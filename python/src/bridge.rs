@@ -27,6 +27,9 @@ pub(crate) type OnLoop = Box<dyn FnOnce(Python<'_>) + Send>;
 
 struct Shared {
     event_loop: Py<PyAny>,
+    /// Makes a task of a handler's coroutine on the loop (eagerly started
+    /// where asyncio can: Python 3.12 and newer).
+    spawn_task: Py<PyAny>,
     jobs: Mutex<VecDeque<OnLoop>>,
     /// A wake-up byte is on its way (or the loop is draining).
     armed: AtomicBool,
@@ -44,7 +47,7 @@ pub(crate) struct Bridge {
 #[pymethods]
 impl Bridge {
     #[new]
-    fn py_new(event_loop: Py<PyAny>) -> PyResult<Self> {
+    fn py_new(event_loop: Py<PyAny>, spawn_task: Py<PyAny>) -> PyResult<Self> {
         let (wake, woken) = UnixStream::pair()
             .map_err(|e| PyRuntimeError::new_err(format!("no wake-up socket: {e}")))?;
         for s in [&wake, &woken] {
@@ -54,6 +57,7 @@ impl Bridge {
         Ok(Self {
             shared: Arc::new(Shared {
                 event_loop,
+                spawn_task,
                 jobs: Mutex::new(VecDeque::new()),
                 armed: AtomicBool::new(false),
                 wake,
@@ -106,6 +110,15 @@ impl Bridge {
         self.shared.event_loop.bind(py)
     }
 
+    /// A task of `coro` on the loop (on its thread).
+    pub(crate) fn spawn_task<'py>(
+        &self,
+        py: Python<'py>,
+        coro: Py<PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.shared.spawn_task.bind(py).call1((coro,))
+    }
+
     /// Runs `fut` on the runtime; an asyncio future of its outcome.
     /// Cancelling that future drops `fut` (a call in it sends its cancel).
     pub(crate) fn spawn<'py, F, T>(&self, py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
@@ -127,6 +140,119 @@ impl Bridge {
             },),
         )?;
         Ok(future)
+    }
+}
+
+impl Bridge {
+    /// Runs `fut` on the loop's thread itself, polled there whenever it is
+    /// woken (with the GIL released and the runtime entered); an asyncio
+    /// future of its outcome. For calls: their answer then needs one hop
+    /// to the loop, not two (to a runtime task, then to the loop).
+    /// Cancelling the asyncio future drops `fut` (a call in it sends its
+    /// cancel). Not for futures that block while polled (a store's I/O):
+    /// [`Bridge::spawn`] those.
+    pub(crate) fn run_here<'py, F, T>(&self, py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: Future<Output = Result<T, Fail>> + Send + 'static,
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+    {
+        let future = self.event_loop(py).call_method0("create_future")?;
+        let target = future.clone().unbind();
+        let fut: LocalFuture = Box::pin(async move {
+            let out = fut.await;
+            let job: OnLoop = Box::new(move |py| resolve(py, target.bind(py), out));
+            job
+        });
+        let task = Arc::new(LocalTask {
+            fut: Mutex::new(Some(fut)),
+            bridge: self.clone(),
+            queued: AtomicBool::new(true),
+        });
+        future.call_method1(
+            "add_done_callback",
+            (LocalCanceller {
+                task: Arc::clone(&task),
+            },),
+        )?;
+        task.poll(py);
+        Ok(future)
+    }
+}
+
+type LocalFuture = std::pin::Pin<Box<dyn Future<Output = OnLoop> + Send>>;
+
+/// A future the loop's thread polls (see [`Bridge::run_here`]).
+struct LocalTask {
+    fut: Mutex<Option<LocalFuture>>,
+    bridge: Bridge,
+    /// A poll is queued on the loop (or running).
+    queued: AtomicBool,
+}
+
+impl LocalTask {
+    fn poll(self: &Arc<Self>, py: Python<'_>) {
+        self.queued.store(false, Ordering::SeqCst);
+        let waker = std::task::Waker::from(Arc::clone(self));
+        let ready = py.detach(|| {
+            let _runtime = pyo3_async_runtimes::tokio::get_runtime().enter();
+            let mut slot = self.fut.lock().unwrap_or_else(PoisonError::into_inner);
+            let fut = slot.as_mut()?;
+            match fut
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+            {
+                std::task::Poll::Ready(done) => {
+                    *slot = None;
+                    Some(done)
+                }
+                std::task::Poll::Pending => None,
+            }
+        });
+        if let Some(done) = ready {
+            done(py);
+        }
+    }
+}
+
+impl std::task::Wake for LocalTask {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.queued.swap(true, Ordering::SeqCst) {
+            let task = Arc::clone(self);
+            self.bridge.push(Box::new(move |py| task.poll(py)));
+        }
+    }
+}
+
+/// Drops the Rust future of a cancelled asyncio future (on the loop's
+/// thread, where it runs).
+#[pyclass(frozen, module = "capwire._capwire")]
+struct LocalCanceller {
+    task: Arc<LocalTask>,
+}
+
+#[pymethods]
+impl LocalCanceller {
+    fn __call__(&self, py: Python<'_>, future: &Bound<'_, PyAny>) {
+        if future
+            .call_method0("cancelled")
+            .and_then(|c| c.is_truthy())
+            .unwrap_or(false)
+        {
+            let fut = self
+                .task
+                .fut
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            py.detach(|| {
+                let _runtime = pyo3_async_runtimes::tokio::get_runtime().enter();
+                drop(fut);
+            });
+        }
     }
 }
 

@@ -28,17 +28,35 @@ fn internal(message: impl Into<String>) -> HandlerError {
     HandlerError::new(ErrorCode::Internal, message)
 }
 
-/// Hands a handler's outcome from the loop back to the runtime: called by
-/// the loop with the finished asyncio task.
-#[pyclass(frozen)]
+/// Hands a handler's outcome from the loop back to the runtime: the
+/// Python layer's `invoke` calls one of its methods as the handler ends,
+/// in the handler's own task step.
+#[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct Completion {
     tx: Mutex<Option<oneshot::Sender<Outcome>>>,
 }
 
 #[pymethods]
 impl Completion {
-    fn __call__(&self, task: &Bound<'_, PyAny>) {
-        self.send(finished(task));
+    /// The handler's result (plain values).
+    fn ok(&self, py: Python<'_>, result: &Bound<'_, PyAny>) {
+        self.send(value::encode(result).map_err(|e| {
+            log_error(py, &format!("a handler's result could not be sent: {e}"));
+            internal("the handler's result could not be encoded")
+        }));
+    }
+
+    /// The exception the handler raised.
+    fn error(&self, exc: &Bound<'_, PyAny>) {
+        self.send(Err(raised(exc)));
+    }
+
+    /// The handler was cancelled.
+    fn cancelled(&self) {
+        self.send(Err(HandlerError::new(
+            ErrorCode::Cancelled,
+            "the handler was cancelled",
+        )));
     }
 }
 
@@ -53,35 +71,6 @@ impl Completion {
             let _ = tx.send(outcome);
         }
     }
-}
-
-/// The outcome of a finished asyncio task.
-fn finished(task: &Bound<'_, PyAny>) -> Outcome {
-    let cancelled = task
-        .call_method0("cancelled")
-        .and_then(|c| c.is_truthy())
-        .unwrap_or(false);
-    if cancelled {
-        return Err(HandlerError::new(
-            ErrorCode::Cancelled,
-            "the handler was cancelled",
-        ));
-    }
-    match task.call_method0("exception") {
-        Ok(exc) if exc.is_none() => {}
-        Ok(exc) => return Err(raised(&exc)),
-        Err(_) => return Err(internal("the handler failed")),
-    }
-    let result = task
-        .call_method0("result")
-        .map_err(|_| internal("the handler failed"))?;
-    value::encode(&result).map_err(|e| {
-        log_error(
-            task.py(),
-            &format!("a handler's result could not be sent: {e}"),
-        );
-        internal("the handler's result could not be encoded")
-    })
 }
 
 /// The error answer for an exception a handler raised: a capwire error
@@ -164,7 +153,7 @@ impl ItemSink {
     fn send<'py>(&self, py: Python<'py>, item: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let raw = value::encode(item)?;
         let items = Arc::clone(&self.items);
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             let mut items = items.lock().await;
             match items.as_mut() {
                 Some(items) => items.send(raw).await.map_err(errors::stream_closed),
@@ -210,7 +199,7 @@ impl TaskContext {
     ) -> PyResult<Bound<'py, PyAny>> {
         let raw = value::encode(value)?;
         let task = Arc::clone(&self.task);
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             task.progress(&raw).await.map_err(errors::task)
         })
     }
@@ -227,7 +216,7 @@ impl TaskContext {
         let within = Duration::try_from_secs_f64(within)
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
         let task = Arc::clone(&self.task);
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             let answer: ciborium::Value = task.ask(&raw, within).await.map_err(errors::task)?;
             Ok(Cbor(answer))
         })
@@ -266,7 +255,7 @@ pub(crate) enum Extra {
     Task(Arc<Task>),
 }
 
-/// A handler to start: `invoke(args, ctx, extra)`.
+/// A handler to start: `invoke(args, ctx, extra, done)`.
 struct Call {
     invoke: Arc<Py<PyAny>>,
     args: ciborium::Value,
@@ -274,8 +263,8 @@ struct Call {
     extra: Extra,
 }
 
-/// Starts `call` as a task on the loop (on its thread), `done` to be
-/// called with it when it ends.
+/// Starts `call` as a task on the loop (on its thread); it tells `done`
+/// how it ended.
 fn start(
     py: Python<'_>,
     bridge: &Bridge,
@@ -311,9 +300,8 @@ fn start(
         )?
         .into_any(),
     };
-    let coro = invoke.call1(py, (args, Py::new(py, ctx)?, extra))?;
-    let task = bridge.event_loop(py).call_method1("create_task", (coro,))?;
-    task.call_method1("add_done_callback", (done,))?;
+    let coro = invoke.call1(py, (args, Py::new(py, ctx)?, extra, done))?;
+    let task = bridge.spawn_task(py, coro)?;
     *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(task.unbind());
     Ok(())
 }
@@ -367,5 +355,5 @@ pub(crate) async fn run(
     };
     let outcome = rx.await;
     running.slot = None;
-    outcome.unwrap_or_else(|_| Err(internal("the handler could not be started")))
+    outcome.unwrap_or_else(|_| Err(internal("the handler ended without an answer")))
 }

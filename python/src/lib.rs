@@ -25,6 +25,7 @@ fn _capwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handlers::Context>()?;
     m.add_class::<handlers::TaskContext>()?;
     m.add_class::<handlers::ItemSink>()?;
+    m.add_class::<handlers::Completion>()?;
     let bench = PyModule::new(m.py(), "bench")?;
     bench.add_function(wrap_pyfunction!(bench::rust_echo_node, &bench)?)?;
     bench.add_function(wrap_pyfunction!(bench::rust_calls, &bench)?)?;

@@ -402,7 +402,7 @@ impl ConfigWatch {
     /// stopped.
     fn changed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let watch = Arc::clone(&self.watch);
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             match watch.lock().await.changed().await {
                 Some(config) => value::serialized(&config),
                 None => Err(Fail::Stop),

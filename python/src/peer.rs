@@ -63,7 +63,7 @@ impl Peer {
             self::req_id(req_id)?,
         );
         let peer = self.peer.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             let result = match req_id {
                 Some(id) => {
                     peer.call_raw_with_id(&cap, &verb, &args, &id, deadline)
@@ -86,7 +86,7 @@ impl Peer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (args, deadline) = (value::encode(args)?, seconds(timeout)?);
         let peer = self.peer.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             peer.notify_raw_within(&cap, &verb, &args, deadline)
                 .await
                 .map_err(errors::call)
@@ -106,7 +106,7 @@ impl Peer {
         let deadline = timeout.map(|t| seconds(Some(t))).transpose()?;
         let peer = self.peer.clone();
         let bridge = self.bridge.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             let items = peer
                 .stream_raw(&cap, &verb, &args, deadline)
                 .await
@@ -132,7 +132,7 @@ impl Peer {
         );
         let peer = self.peer.clone();
         let bridge = self.bridge.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             let task = peer
                 .submit_raw(&cap, &verb, &args, req_id.as_ref(), deadline)
                 .await
@@ -200,7 +200,7 @@ impl ItemStream {
     #[pyo3(signature = (max=256))]
     fn next_batch<'py>(&self, py: Python<'py>, max: usize) -> PyResult<Bound<'py, PyAny>> {
         let items = Arc::clone(&self.items);
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             let mut taken = items.lock().await;
             if let Some(fail) = taken.then.take() {
                 return Err(fail);
@@ -235,7 +235,7 @@ impl ItemStream {
     /// Stops the stream: the peer is told to stop (if it had not ended).
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let items = Arc::clone(&self.items);
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             drop(items.lock().await.stream.take());
             Ok(())
         })
@@ -258,14 +258,14 @@ impl TaskHandle {
 
     fn get<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             value::serialized(&task.get().await.map_err(errors::call)?)
         })
     }
 
     fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             value::cbor(&task.result().await.map_err(errors::call)?)
         })
     }
@@ -279,7 +279,7 @@ impl TaskHandle {
     ) -> PyResult<Bound<'py, PyAny>> {
         let answer = value::encode(answer)?;
         let task = self.task.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             let info = task
                 .respond_to(question_seq, &answer)
                 .await
@@ -290,7 +290,7 @@ impl TaskHandle {
 
     fn cancel<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             value::serialized(&task.cancel().await.map_err(errors::call)?)
         })
     }
@@ -299,7 +299,7 @@ impl TaskHandle {
     fn events<'py>(&self, py: Python<'py>, start: u64) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
         let bridge = self.bridge.clone();
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             let events = task.events(start).await.map_err(errors::call)?;
             Ok(EventStream {
                 events: Arc::new(tokio::sync::Mutex::new(events)),
@@ -320,7 +320,7 @@ pub(crate) struct EventStream {
 impl EventStream {
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let events = Arc::clone(&self.events);
-        self.bridge.spawn(py, async move {
+        self.bridge.run_here(py, async move {
             match events.lock().await.next().await {
                 Some(Ok(event)) => value::serialized(&event),
                 Some(Err(e)) => Err(errors::call(e)),

@@ -4,13 +4,26 @@ API."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import sys
 import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from . import _capwire
 
 __all__ = ["bridge"]
 
 _bridges: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _capwire.Bridge] = weakref.WeakKeyDictionary()
+
+
+def _task_factory(loop: asyncio.AbstractEventLoop) -> Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]:
+    """How a handler's coroutine becomes a task: started at once where
+    asyncio can (3.12 and newer: a handler that does not wait answers
+    within the same turn of the loop)."""
+    if sys.version_info >= (3, 12):
+        return functools.partial(asyncio.Task, loop=loop, eager_start=True)
+    return loop.create_task
 
 
 def bridge(loop: asyncio.AbstractEventLoop | None = None) -> _capwire.Bridge:
@@ -20,7 +33,7 @@ def bridge(loop: asyncio.AbstractEventLoop | None = None) -> _capwire.Bridge:
     loop = loop or asyncio.get_running_loop()
     found = _bridges.get(loop)
     if found is None:
-        found = _capwire.Bridge(loop)
+        found = _capwire.Bridge(loop, _task_factory(loop))
         loop.add_reader(found.fileno(), found.drain)
         _bridges[loop] = found
     return found
