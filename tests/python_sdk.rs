@@ -55,9 +55,10 @@ fn install_wheel(python: &Path) {
 
 #[test]
 fn the_python_sdk_builds_type_checks_and_passes_its_suite() {
-    let Some(python) =
-        pyenv::python_with(&["tests/python/requirements.txt", "python/requirements-dev.txt"])
-    else {
+    let Some(python) = pyenv::python_with(&[
+        "tests/python/requirements.txt",
+        "python/requirements-dev.txt",
+    ]) else {
         return;
     };
     install_wheel(&python);

@@ -22,6 +22,7 @@ import pytest
 
 import capwire
 from capwire._capwire import bench
+from capwire._runtime import bridge
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -250,11 +251,17 @@ async def rust_agent(capwire_bin: Path) -> AsyncIterator[RustAgent]:
         await stop_process(proc)
 
 
+async def start_rust_bench_node() -> capwire.Node:
+    """The pure-Rust bench node (app.bench/echo, sink and flood), on the
+    running loop."""
+    native = await asyncio.wait_for(bench.rust_echo_node(bridge(), "127.0.0.1:0"), 15)
+    return capwire.Node(native)
+
+
 @pytest.fixture
 async def rust_bench(nodes: Nodes) -> capwire.Node:
-    """The pure-Rust bench node: app.bench/echo, sink and flood."""
-    native = await asyncio.wait_for(bench.rust_echo_node("127.0.0.1:0"), 15)
-    return nodes.adopt(capwire.Node(native))
+    """The pure-Rust bench node, shut down after the test."""
+    return nodes.adopt(await start_rust_bench_node())
 
 
 async def wait_until(predicate: Any, timeout: float = 10.0, what: str = "the condition") -> None:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from pydantic import BaseModel, Field
 
 import capwire
-from conftest import Nodes, RustAgent, wait_until
+from conftest import Nodes, RustAgent, start_rust_bench_node, wait_until
 
 
 class Order(BaseModel):
@@ -251,7 +251,7 @@ async def test_rust_calls_python_node(nodes: Nodes) -> None:
         return b
 
     server = await nodes.start("py-server", cap)
-    rust = nodes.adopt(capwire.Node(await asyncio.wait_for(bench.rust_echo_node("127.0.0.1:0"), 10)))
+    rust = nodes.adopt(await start_rust_bench_node())
     await asyncio.wait_for(rust.connect(server.local_addrs()[0], server.id), 10)
     seconds = await asyncio.wait_for(bench.rust_calls(rust._native, server.id, "app.echo", "echo", b"abc", 20), 30)
     assert seconds > 0

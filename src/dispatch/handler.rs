@@ -497,33 +497,8 @@ where
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
         // Args that do not decode are refused before a task exists.
         let decoded: V::Args = args.decode()?;
-        let Some(Tasks(service)) = cx.runtime::<Tasks>() else {
-            return Ok(Box::pin(async {
-                Err(HandlerError::new(
-                    ErrorCode::Internal,
-                    "the task service is not installed",
-                ))
-            }));
-        };
-        let origin = Origin {
-            submitter: cx.sender,
-            req_id: cx.req_id.clone(),
-            extensions: cx.extensions.clone(),
-            channel: cx.channel,
-        };
-        let start = self.starter(decoded, origin);
-        let bytes = args.as_bytes().to_vec();
-        let (sender, req_id) = (cx.sender, cx.req_id.as_str().to_owned());
-        Ok(Box::pin(async move {
-            let submitted = service
-                .submit(sender, req_id, V::CAP, V::VERB, bytes, start)
-                .await?;
-            RawValue::encode(&submitted).map_err(|e| {
-                HandlerError::new(
-                    ErrorCode::Internal,
-                    format!("the answer could not be encoded: {e}"),
-                )
-            })
+        Ok(submit_task(cx, V::CAP, V::VERB, args, |origin| {
+            self.starter(decoded, origin)
         }))
     }
 
@@ -538,6 +513,44 @@ where
         let decoded: V::Args = args.decode().ok()?;
         Some(self.starter(decoded, origin))
     }
+}
+
+/// Submits a task of `cap`/`verb` with `args` to the node's task service,
+/// its handler made by `starter` from where the task came from; the
+/// returned future resolves to the submit's answer (the task's id).
+pub(crate) fn submit_task(
+    cx: &mut Context,
+    cap: impl Into<String>,
+    verb: impl Into<String>,
+    args: &RawValue,
+    starter: impl FnOnce(Origin) -> Start,
+) -> BoxFuture<Result<RawValue, HandlerError>> {
+    let Some(Tasks(service)) = cx.runtime::<Tasks>() else {
+        return fail_now(HandlerError::new(
+            ErrorCode::Internal,
+            "the task service is not installed",
+        ));
+    };
+    let start = starter(Origin {
+        submitter: cx.sender,
+        req_id: cx.req_id.clone(),
+        extensions: cx.extensions.clone(),
+        channel: cx.channel,
+    });
+    let bytes = args.as_bytes().to_vec();
+    let (sender, req_id) = (cx.sender, cx.req_id.as_str().to_owned());
+    let (cap, verb) = (cap.into(), verb.into());
+    Box::pin(async move {
+        let submitted = service
+            .submit(sender, req_id, &cap, &verb, bytes, start)
+            .await?;
+        RawValue::encode(&submitted).map_err(|e| {
+            HandlerError::new(
+                ErrorCode::Internal,
+                format!("the answer could not be encoded: {e}"),
+            )
+        })
+    })
 }
 
 /// Turns a caught panic payload into a message.

@@ -10,15 +10,13 @@ use std::sync::Arc;
 use capwire_envelope::{DecodeError, RawValue};
 use capwire_manifest::{DeclaredClass, VerbKind};
 
-use capwire_envelope::ErrorCode;
-
 use crate::dispatch::extract::{Context, Extensions, FromContext, Meta, Sender};
 use crate::dispatch::handler::{
-    BoxFuture, ErasedHandler, HandlerError, Origin, fail_now, stream_items,
+    BoxFuture, ErasedHandler, HandlerError, Origin, fail_now, stream_items, submit_task,
 };
 use crate::stream::Items;
 use crate::task::Task;
-use crate::tasks::{Start, Tasks};
+use crate::tasks::Start;
 
 /// A request or notification verb without a Rust type, for
 /// [`Capability::handle_raw`](crate::Capability::handle_raw).
@@ -236,32 +234,8 @@ where
         args: &RawValue,
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
-        let Some(Tasks(service)) = cx.runtime::<Tasks>() else {
-            return Ok(fail_now(HandlerError::new(
-                ErrorCode::Internal,
-                "the task service is not installed",
-            )));
-        };
-        let origin = Origin {
-            submitter: cx.sender,
-            req_id: cx.req_id.clone(),
-            extensions: cx.extensions.clone(),
-            channel: cx.channel,
-        };
-        let start = self.starter(args.clone(), origin);
-        let bytes = args.as_bytes().to_vec();
-        let (sender, req_id) = (cx.sender, cx.req_id.as_str().to_owned());
-        let (cap, verb) = (self.cap.clone(), self.verb.clone());
-        Ok(Box::pin(async move {
-            let submitted = service
-                .submit(sender, req_id, &cap, &verb, bytes, start)
-                .await?;
-            RawValue::encode(&submitted).map_err(|e| {
-                HandlerError::new(
-                    ErrorCode::Internal,
-                    format!("the answer could not be encoded: {e}"),
-                )
-            })
+        Ok(submit_task(cx, &self.cap, &self.verb, args, |origin| {
+            self.starter(args.clone(), origin)
         }))
     }
 

@@ -113,4 +113,3 @@ pub fn python_with(files: &[&str]) -> Option<PathBuf> {
     );
     Some(python)
 }
-
