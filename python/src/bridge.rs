@@ -72,7 +72,8 @@ impl Bridge {
     }
 
     /// Runs what was queued (the loop calls this when the socket is
-    /// readable).
+    /// readable). One batch per call: what the batch queues wakes the loop
+    /// again, so its other callbacks get their turn in between.
     fn drain(&self, py: Python<'_>) {
         let s = &self.shared;
         // Disarmed before the queue is taken: a job queued after this
@@ -80,14 +81,9 @@ impl Bridge {
         s.armed.store(false, Ordering::SeqCst);
         let mut sink = [0u8; 64];
         while matches!((&s.woken).read(&mut sink), Ok(n) if n > 0) {}
-        loop {
-            let batch = std::mem::take(&mut *s.jobs.lock().unwrap_or_else(PoisonError::into_inner));
-            if batch.is_empty() {
-                return;
-            }
-            for job in batch {
-                job(py);
-            }
+        let batch = std::mem::take(&mut *s.jobs.lock().unwrap_or_else(PoisonError::into_inner));
+        for job in batch {
+            job(py);
         }
     }
 }
