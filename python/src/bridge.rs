@@ -76,11 +76,15 @@ impl Bridge {
     /// again, so its other callbacks get their turn in between.
     fn drain(&self, py: Python<'_>) {
         let s = &self.shared;
-        // Disarmed before the queue is taken: a job queued after this
-        // point wakes the loop again.
-        s.armed.store(false, Ordering::SeqCst);
+        // The wake-ups are read first, then the bridge is disarmed, then
+        // the queue is taken: a job queued after the disarm writes a
+        // wake-up nobody has read yet, and one queued before it is in this
+        // batch. (Disarmed before the read, a wake-up written in between
+        // would be read here while the bridge stays armed: no job would
+        // wake the loop again.)
         let mut sink = [0u8; 64];
         while matches!((&s.woken).read(&mut sink), Ok(n) if n > 0) {}
+        s.armed.store(false, Ordering::SeqCst);
         let batch = std::mem::take(&mut *s.jobs.lock().unwrap_or_else(PoisonError::into_inner));
         for job in batch {
             job(py);

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import ValidationError
 
 from . import _capwire
-from ._errors import BadArgs, CapwireError, Internal
+from ._errors import BadArgs, CapwireError, EncodeError, Internal
 from ._values import adapter, brief, plain
 
 __all__ = ["Capability", "Task", "Auth"]
@@ -142,9 +142,14 @@ class _Verb:
         }
 
     def _out(self, value: Any) -> Any:
-        if self.result_adapter is None:
-            return plain(value)
-        return plain(self.result_adapter.dump_python(value))
+        try:
+            if self.result_adapter is None:
+                return plain(value)
+            return plain(self.result_adapter.dump_python(value))
+        except EncodeError as e:
+            # The handler's fault, not the caller's: logged, answered internal.
+            log.error("handler %s/%s: its result cannot be sent: %s", self.cap.id, self.name, e.message)
+            raise Internal("the handler's result could not be encoded") from None
 
     async def invoke(self, raw: Any, ctx: _capwire.Context, extra: Any, done: _capwire.Completion) -> None:
         """Runs on the node's loop as the call's task, and tells ``done``
@@ -155,6 +160,10 @@ class _Verb:
             done.cancelled()
             raise
         except CapwireError as e:
+            if e.code is None:
+                # A local failure (a lost session, an unanswered question)
+                # has no code to answer with: `internal`, logged here.
+                log.error("handler %s/%s raised %r", self.cap.id, self.name, e)
             done.error(e)
             return
         done.ok(out)

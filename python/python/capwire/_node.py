@@ -181,8 +181,10 @@ class Node:
         return await self._native.serve_metrics(addr)
 
     async def shutdown(self) -> None:
-        """Stops the node: sessions closed, handlers cancelled, calls in
-        flight ended with ``Shutdown`` or ``PeerLost``."""
+        """Stops the node: its sessions are closed and its handlers
+        cancelled (after a grace of a few seconds for those still running);
+        its own calls in flight end with ``Shutdown`` or ``PeerLost``, and
+        its peers' calls to it with ``Cancelled`` or ``PeerLost``."""
         await self._native.shutdown()
 
     async def __aenter__(self) -> Node:

@@ -9,9 +9,9 @@ import functools
 from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from ._errors import BadResult
+from ._errors import BadResult, EncodeError
 
 __all__ = ["plain", "adapter", "validate_result", "brief"]
 
@@ -35,7 +35,13 @@ def plain(value: Any) -> Any:
         return plain(value.model_dump())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return plain(adapter(type(value)).dump_python(value))
-    return to_jsonable_python(value)
+    try:
+        return to_jsonable_python(value)
+    except PydanticSerializationError:
+        raise EncodeError(
+            f"a {type(value).__name__} cannot be sent: send None, bool, int, float, str, bytes, "
+            "lists and dicts of them, or a pydantic model or dataclass"
+        ) from None
 
 
 @functools.lru_cache(maxsize=1024)
