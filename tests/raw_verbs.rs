@@ -309,3 +309,64 @@ async fn a_raw_task_is_submitted_asks_reports_and_ends_with_its_result() {
     client.shutdown().await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_checked_raw_task_refuses_bad_args_before_the_task_exists() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = ran.clone();
+    let check = |args: RawValue, _: Sender, _: Meta| async move {
+        args.decode::<u64>().map(drop).map_err(bad_args)
+    };
+    let cap = Capability::new("app.raw", "1.0.0")
+        .unwrap()
+        .handle_raw_task_checked(
+            RawVerb::task("sum", DeclaredClass::Bootstrap),
+            false,
+            check,
+            move |args: RawValue, _: capwire::Task, _: Sender, _: Meta| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(args) }
+            },
+        );
+    let server = Node::builder("raw-checked")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .capability(cap)
+        .start()
+        .await
+        .unwrap();
+    let client = Node::builder("raw-client").start().await.unwrap();
+    let peer = client
+        .connect(&server.local_addrs()[0], Some(server.id()))
+        .await
+        .unwrap();
+    let err = peer
+        .submit_raw(
+            "app.raw",
+            "sum",
+            &RawValue::encode("ten").unwrap(),
+            None,
+            SECOND,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CallError::Remote(body) if body.code == ErrorCode::BadArgs),
+        "{err:?}"
+    );
+    let kept: usize = server.stats().tasks.iter().map(|(_, n)| n).sum();
+    assert_eq!(kept, 0, "no task was written");
+    let task = peer
+        .submit_raw(
+            "app.raw",
+            "sum",
+            &RawValue::encode(&10u64).unwrap(),
+            None,
+            SECOND,
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.result().await.unwrap().decode::<u64>().unwrap(), 10);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    client.shutdown().await;
+    server.shutdown().await;
+}

@@ -54,6 +54,8 @@ pub(crate) struct VerbDecl {
     result_schema: Option<String>,
     invoke: Py<PyAny>,
     resumable: bool,
+    /// For a task verb: checks its args before the task is written.
+    check: Option<Py<PyAny>>,
 }
 
 fn schema(text: &Option<String>) -> PyResult<Option<serde_json::Value>> {
@@ -112,21 +114,39 @@ fn add_verb(cap: Capability, decl: VerbDecl, bridge: &Bridge) -> PyResult<Capabi
                 }
             },
         ),
-        "task" => cap.handle_raw_task(
-            verb,
-            decl.resumable,
-            move |args: RawValue, task: Task, from: Sender, meta: Meta| {
-                let (bridge, invoke) = (bridge.clone(), Arc::clone(&invoke));
-                handlers::run(
-                    bridge,
-                    invoke,
-                    args,
-                    Extra::Task(Arc::new(task)),
-                    from,
-                    meta,
-                )
-            },
-        ),
+        "task" => {
+            // The args are checked on the loop before the task is written,
+            // as a typed task's are decoded before it exists.
+            let check = decl.check.map(Arc::new);
+            let on_check = bridge.clone();
+            let checker = move |args: RawValue, from: Sender, meta: Meta| {
+                let (bridge, check) = (on_check.clone(), check.clone());
+                async move {
+                    match check {
+                        Some(check) => handlers::run(bridge, check, args, Extra::None, from, meta)
+                            .await
+                            .map(drop),
+                        None => Ok(()),
+                    }
+                }
+            };
+            cap.handle_raw_task_checked(
+                verb,
+                decl.resumable,
+                checker,
+                move |args: RawValue, task: Task, from: Sender, meta: Meta| {
+                    let (bridge, invoke) = (bridge.clone(), Arc::clone(&invoke));
+                    handlers::run(
+                        bridge,
+                        invoke,
+                        args,
+                        Extra::Task(Arc::new(task)),
+                        from,
+                        meta,
+                    )
+                },
+            )
+        }
         _ => cap.handle_raw(verb, move |args: RawValue, from: Sender, meta: Meta| {
             let (bridge, invoke) = (bridge.clone(), Arc::clone(&invoke));
             handlers::run(bridge, invoke, args, Extra::None, from, meta)

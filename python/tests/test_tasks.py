@@ -150,16 +150,14 @@ async def test_task_answer_of_the_wrong_type(nodes: Nodes) -> None:
 
 async def test_task_submitted_with_bad_args(nodes: Nodes) -> None:
     seen: dict = {}
-    _, _, peer = await nodes.pair(task_cap(seen))
-    # Accepted as a task (the args are checked in Python, where it runs),
-    # it fails with bad_args before its handler runs.
-    handle = await asyncio.wait_for(peer.submit("app.jobs", "build", {"name": "x"}), 10)
+    server, _, peer = await nodes.pair(task_cap(seen))
+    # Refused like a typed task's: checked before the task is written.
     with pytest.raises(capwire.BadArgs) as info:
-        await asyncio.wait_for(handle.result(), 10)
+        await asyncio.wait_for(peer.submit("app.jobs", "build", {"name": "x"}), 10)
     assert "steps" in info.value.message
-    info_now = await asyncio.wait_for(handle.get(), 10)
-    assert info_now["state"] == "failed" and info_now["error"]["code"] == "bad_args"
     assert "sender" not in seen
+    kept = [line for line in server.metrics_text().splitlines() if line.startswith("capwire_tasks{")]
+    assert kept and all(line.endswith(" 0") for line in kept), kept
 
 
 async def test_same_req_id_is_the_same_task(nodes: Nodes) -> None:

@@ -190,15 +190,27 @@ pub(crate) struct RawTask<F> {
     cap: String,
     verb: String,
     resumable: bool,
+    check: Option<ArgsCheck>,
 }
 
+/// A raw task verb's check of its args, run before the task exists.
+pub(crate) type ArgsCheck =
+    Arc<dyn Fn(RawValue, Sender, Meta) -> BoxFuture<Result<(), HandlerError>> + Send + Sync>;
+
 impl<F> RawTask<F> {
-    pub(crate) fn new(handler: F, cap: String, verb: String, resumable: bool) -> Self {
+    pub(crate) fn new(
+        handler: F,
+        cap: String,
+        verb: String,
+        resumable: bool,
+        check: Option<ArgsCheck>,
+    ) -> Self {
         Self {
             handler: Arc::new(handler),
             cap,
             verb,
             resumable,
+            check,
         }
     }
 }
@@ -234,9 +246,24 @@ where
         args: &RawValue,
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
-        Ok(submit_task(cx, &self.cap, &self.verb, args, |origin| {
+        let check = match &self.check {
+            Some(check) => match extract(cx) {
+                Ok((sender, meta)) => Some(check(args.clone(), sender, meta)),
+                Err(e) => return Ok(fail_now(e)),
+            },
+            None => None,
+        };
+        let submit = submit_task(cx, &self.cap, &self.verb, args, |origin| {
             self.starter(args.clone(), origin)
-        }))
+        });
+        Ok(match check {
+            // Args the check refuses are refused before a task exists.
+            Some(check) => Box::pin(async move {
+                check.await?;
+                submit.await
+            }),
+            None => submit,
+        })
     }
 
     fn check(&self, _extensions: &Extensions) -> Result<(), String> {

@@ -16,7 +16,7 @@ use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{
     Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, TaskHandler, TaskTyped, Typed,
 };
-use crate::dispatch::raw::{Raw, RawStream, RawTask, RawVerb};
+use crate::dispatch::raw::{ArgsCheck, Raw, RawStream, RawTask, RawVerb};
 use crate::error::NodeError;
 use crate::host::Host;
 use crate::net::peers::Contact;
@@ -210,8 +210,71 @@ impl Capability {
         F: Fn(RawValue, crate::Task, crate::Sender, crate::Meta) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<RawValue, crate::HandlerError>> + Send + 'static,
     {
+        self.add_raw_task(verb, resumable, None, handler)
+    }
+
+    /// As [`Capability::handle_raw_task`], with `check` run on the args
+    /// (and the submitter's [`Sender`](crate::Sender) and the submit's
+    /// [`Meta`](crate::Meta)) before the task is written: an error it
+    /// returns (`bad_args`, say) answers the submit, and no task exists.
+    /// The check is run again for a submit sent again.
+    ///
+    /// ```
+    /// use capwire::{Capability, HandlerError, Meta, RawVerb, Sender, Task};
+    /// use capwire::envelope::{ErrorCode, RawValue};
+    /// use capwire::manifest::DeclaredClass;
+    ///
+    /// async fn is_number(args: RawValue, _: Sender, _: Meta) -> Result<(), HandlerError> {
+    ///     args.decode::<u32>()
+    ///         .map(drop)
+    ///         .map_err(|e| HandlerError::new(ErrorCode::BadArgs, e.to_string()))
+    /// }
+    /// async fn run(args: RawValue, _: Task, _: Sender, _: Meta) -> Result<RawValue, HandlerError> {
+    ///     Ok(args)
+    /// }
+    ///
+    /// let cap = Capability::new("app.count", "1.0.0").unwrap().handle_raw_task_checked(
+    ///     RawVerb::task("upto", DeclaredClass::Bootstrap),
+    ///     false,
+    ///     is_number,
+    ///     run,
+    /// );
+    /// # let _ = cap;
+    /// ```
+    pub fn handle_raw_task_checked<C, CFut, F, Fut>(
+        self,
+        verb: RawVerb,
+        resumable: bool,
+        check: C,
+        handler: F,
+    ) -> Self
+    where
+        C: Fn(RawValue, crate::Sender, crate::Meta) -> CFut + Send + Sync + 'static,
+        CFut: Future<Output = Result<(), crate::HandlerError>> + Send + 'static,
+        F: Fn(RawValue, crate::Task, crate::Sender, crate::Meta) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<RawValue, crate::HandlerError>> + Send + 'static,
+    {
+        let check: ArgsCheck = Arc::new(move |args, sender, meta| {
+            let fut = check(args, sender, meta);
+            Box::pin(fut)
+        });
+        self.add_raw_task(verb, resumable, Some(check), handler)
+    }
+
+    fn add_raw_task<F, Fut>(
+        self,
+        verb: RawVerb,
+        resumable: bool,
+        check: Option<ArgsCheck>,
+        handler: F,
+    ) -> Self
+    where
+        F: Fn(RawValue, crate::Task, crate::Sender, crate::Meta) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<RawValue, crate::HandlerError>> + Send + 'static,
+    {
         let route = (verb.kind == VerbKind::Task).then(|| {
-            let task = RawTask::new(handler, self.id().to_owned(), verb.name.clone(), resumable);
+            let (cap, name) = (self.id().to_owned(), verb.name.clone());
+            let task = RawTask::new(handler, cap, name, resumable, check);
             // Durable: a repeated submit finds its task in the task table.
             let route: RouteHandler = Arc::new(RouteEntry::durable(task));
             route

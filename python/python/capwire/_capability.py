@@ -139,7 +139,19 @@ class _Verb:
             "result_schema": _schema(self.result_type, "serialization"),
             "invoke": self.invoke,
             "resumable": self.resumable,
+            "check": self.check if self.kind == "task" and self.args_adapter is not None else None,
         }
+
+    async def check(self, raw: Any, ctx: _capwire.Context, extra: Any, done: _capwire.Completion) -> None:
+        """A task's args, checked before the task is written: a mismatch
+        answers the submit ``bad_args`` and no task exists."""
+        assert self.args_adapter is not None
+        try:
+            self.args_adapter.validate_python(raw)
+        except ValidationError as e:
+            done.error(BadArgs(brief(e)))
+            return
+        done.ok(None)
 
     def _out(self, value: Any) -> Any:
         try:
