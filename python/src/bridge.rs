@@ -30,6 +30,10 @@ struct Shared {
     /// Makes a task of a handler's coroutine on the loop (eagerly started
     /// where asyncio can: Python 3.12 and newer).
     spawn_task: Py<PyAny>,
+    /// Not bounded here, and need not be: each job is one handler start
+    /// or cancel (at most one of each per call the runtime admitted,
+    /// within its in-flight bounds) or one outcome of a future the
+    /// program itself is awaiting.
     jobs: Mutex<VecDeque<OnLoop>>,
     /// A wake-up byte is on its way (or the loop is draining).
     armed: AtomicBool,
