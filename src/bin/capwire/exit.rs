@@ -32,11 +32,14 @@ Exit codes:
   7  the task was canceled (call --wait, tasks watch; one that failed is 4)
   8  the task waits for an answer (call --wait without --answer)";
 
-/// A failure of a subcommand: what to print and the exit code.
+/// A failure of a subcommand: what to print and the exit code, and, when
+/// a node's answer (or a call's end) said it, capwire's error code
+/// (`unauthorized`, `bad_args`, `timeout`, ...).
 #[derive(Debug, Clone)]
 pub(crate) struct Failure {
     pub(crate) message: String,
     pub(crate) code: u8,
+    pub(crate) reason: Option<String>,
 }
 
 pub(crate) const LOCAL: u8 = 1;
@@ -53,7 +56,14 @@ impl Failure {
         Self {
             message: message.into(),
             code,
+            reason: None,
         }
+    }
+
+    /// With capwire's error code for it.
+    pub(crate) fn because(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
     }
 
     /// Bad usage or input (exit code 2).
@@ -78,19 +88,40 @@ impl Failure {
             | CallError::Unsupported(_) => USAGE,
             _ => REMOTE,
         };
-        Self::new(code, format!("{doing}: {e}"))
+        Self::new(code, format!("{doing}: {e}")).because(error_code(e))
     }
 
     /// A failure to reach a node.
     pub(crate) fn connect(doing: &str, e: &NodeError) -> Self {
         match e {
             NodeError::Bind(c) => Self::call(doing, c),
-            NodeError::Timeout => Self::new(TIMEOUT, format!("{doing}: {e}")),
+            NodeError::Timeout => Self::new(TIMEOUT, format!("{doing}: {e}")).because("timeout"),
             NodeError::Store(_) | NodeError::State(_) | NodeError::Config(_) => {
                 Self::failed(format!("{doing}: {e}"))
             }
-            _ => Self::new(UNREACHABLE, format!("{doing}: {e}")),
+            _ => Self::new(UNREACHABLE, format!("{doing}: {e}")).because("unreachable"),
         }
+    }
+}
+
+/// What went wrong with a call, in one word: the peer's error code when it
+/// answered one, else the local reason.
+pub(crate) fn error_code(e: &CallError) -> String {
+    match e {
+        CallError::Denied(body) | CallError::Remote(body) => body.code.to_string(),
+        CallError::Timeout => "timeout".into(),
+        CallError::Cancelled => "cancelled".into(),
+        CallError::PeerLost => "peer_lost".into(),
+        CallError::Unreachable(_) => "unreachable".into(),
+        CallError::VersionUnsatisfied(_) => "version_unsatisfied".into(),
+        CallError::TooLarge => "too_large".into(),
+        CallError::Overloaded => "overloaded".into(),
+        CallError::Encode(_) => "encode".into(),
+        CallError::BadResult(_) => "bad_result".into(),
+        CallError::Shutdown => "shutdown".into(),
+        CallError::Idle => "idle".into(),
+        CallError::Unsupported(_) => "unsupported".into(),
+        _ => "failed".into(),
     }
 }
 

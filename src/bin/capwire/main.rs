@@ -6,6 +6,7 @@ mod ctl;
 mod demo;
 mod exit;
 mod keygen;
+mod mcp;
 mod node;
 
 use std::process::ExitCode;
@@ -39,6 +40,10 @@ enum Command {
     Ctl(ctl::CtlArgs),
     /// Runs a whole cluster on loopback and shows every feature end to end.
     Demo(demo::DemoArgs),
+    /// An MCP server (stdio, or streamable HTTP with --http) whose tools
+    /// are the app.* verbs of the nodes a control plane bound; bootstrap
+    /// verbs only unless --allow-controller.
+    Mcp(mcp::McpArgs),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
             Command::Node(args) => node::run(args).await,
             Command::Ctl(args) => ctl::run(args).await,
             Command::Demo(args) => demo::run(args).await,
+            Command::Mcp(args) => mcp::run(args).await,
         }
     });
     // Tasks still running (a watch, a forwarding server) are not waited for.

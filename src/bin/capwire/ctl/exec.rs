@@ -23,7 +23,7 @@ use tokio::sync::{broadcast, mpsc};
 use super::book::{Book, Entry, short};
 use super::tasks::OnQuestion;
 use super::{ClusterOp, ConfigOp, CtlCommand, OnOff, call_target, tasks_target};
-use crate::exit::{Failure, TIMEOUT, UNREACHABLE};
+use crate::exit::{Failure, TIMEOUT, UNREACHABLE, error_code};
 
 /// Why the control plane's node did not open.
 pub(crate) enum OpenError {
@@ -137,7 +137,8 @@ impl Ctx {
                             "cannot reach {} at {addr}: no answer within the timeout",
                             entry.name
                         ),
-                    );
+                    )
+                    .because("timeout");
                 }
             }
         }
@@ -481,6 +482,19 @@ impl Ctx {
                     Failure::new(UNREACHABLE, format!("{}: the session ended", entry.name))
                 })?;
                 emit(out, manifest_json(&manifest)).await
+            }
+            CtlCommand::Card { node } => {
+                let entry = self.book().resolve(node.get()?)?;
+                let session = self.reach(&entry, timeout).await?;
+                let manifest = session.manifest().ok_or_else(|| {
+                    Failure::new(UNREACHABLE, format!("{}: the session ended", entry.name))
+                })?;
+                let card = super::card::card_json(&manifest_json(&manifest), &entry.addrs);
+                emit(
+                    out,
+                    json!({"kind": "card", "peer": entry.name, "card": card}),
+                )
+                .await
             }
             CtlCommand::Status { node } => {
                 let entry = self.book().resolve(node.get()?)?;
@@ -1063,27 +1077,6 @@ fn config_value(text: &str) -> Result<Json, Failure> {
     serde_json::from_str(text).map_err(|e| Failure::usage(format!("the value is not JSON: {e}")))
 }
 
-/// What went wrong with a call, in one word: the peer's error code when it
-/// answered one, else the local reason.
-fn error_code(e: &CallError) -> String {
-    match e {
-        CallError::Denied(body) | CallError::Remote(body) => body.code.to_string(),
-        CallError::Timeout => "timeout".into(),
-        CallError::Cancelled => "cancelled".into(),
-        CallError::PeerLost => "peer_lost".into(),
-        CallError::Unreachable(_) => "unreachable".into(),
-        CallError::VersionUnsatisfied(_) => "version_unsatisfied".into(),
-        CallError::TooLarge => "too_large".into(),
-        CallError::Overloaded => "overloaded".into(),
-        CallError::Encode(_) => "encode".into(),
-        CallError::BadResult(_) => "bad_result".into(),
-        CallError::Shutdown => "shutdown".into(),
-        CallError::Idle => "idle".into(),
-        CallError::Unsupported(_) => "unsupported".into(),
-        _ => "failed".into(),
-    }
-}
-
 fn tagged(kind: &str, peer: &str, value: Json) -> Json {
     json!({"kind": kind, "peer": peer, "value": value})
 }
@@ -1099,7 +1092,8 @@ pub(crate) fn roster_json(from: &str, roster: &Roster) -> Json {
     })
 }
 
-/// A manifest as JSON: keys as hex, every capability with its verbs.
+/// A manifest as JSON: keys as hex, every capability with its verbs and
+/// their schemas (as JSON, `null` when a verb declares none).
 pub(crate) fn manifest_json(m: &Manifest) -> Json {
     let caps: Vec<Json> = m
         .capabilities
@@ -1109,6 +1103,8 @@ pub(crate) fn manifest_json(m: &Manifest) -> Json {
                 "id": c.id.as_str(), "version": c.version.to_string(),
                 "verbs": c.verbs.iter().map(|v| json!({
                     "name": v.name.as_str(), "kind": v.kind.to_string(), "class": v.class.to_string(),
+                    "args_schema": schema_json(v.args_schema.as_deref()),
+                    "result_schema": schema_json(v.result_schema.as_deref()),
                 })).collect::<Vec<_>>(),
             })
         })
@@ -1117,5 +1113,12 @@ pub(crate) fn manifest_json(m: &Manifest) -> Json {
         "kind": "manifest", "node_id": m.node_id.to_string(), "app_id": m.app_id,
         "name": m.name, "description": m.description, "epoch": m.epoch,
         "monitoring": m.monitoring.to_string(), "capabilities": caps,
+    })
+}
+
+/// A schema's JSON text as JSON (text that is not JSON as the string it is).
+fn schema_json(text: Option<&str>) -> Json {
+    text.map_or(Json::Null, |t| {
+        serde_json::from_str(t).unwrap_or_else(|_| Json::String(t.to_owned()))
     })
 }

@@ -1,7 +1,9 @@
 //! Handing a command to the `ctl` that owns the state directory, over
 //! `ctl.sock` in it: one JSON request line, then one `{"record": ...}`
-//! line per record, then `{"exit": CODE, "error": MESSAGE}`. Only the
-//! long-running commands (`watch`, `top`) serve the socket; a `ctl` that
+//! line per record, then `{"exit": CODE, "error": MESSAGE, "reason":
+//! ERROR_CODE}` (the reason, capwire's error code, when there is one). Only the
+//! long-running commands (`watch`, `top`, a task followed, and `capwire
+//! mcp`) serve the socket; a `ctl` that
 //! finds the directory held by a one-shot command waits for it to end.
 //! A command handed over ends when its client goes away; the owner, when
 //! it stops, ends the watches handed to it and lets the other commands
@@ -317,7 +319,7 @@ async fn handle(
     }
     let end = match result {
         Ok(()) => json!({"exit": 0}),
-        Err(f) => json!({"exit": f.code, "error": f.message}),
+        Err(f) => json!({"exit": f.code, "error": f.message, "reason": f.reason}),
     };
     let _ = write_line(&mut write, &end).await;
 }
@@ -380,10 +382,12 @@ async fn receive(read: OwnedReadHalf, out: &mpsc::Sender<Json>) -> Result<(), Fa
         } else if let Some(code) = msg.get("exit").and_then(Json::as_u64) {
             return match u8::try_from(code) {
                 Ok(0) => Ok(()),
-                Ok(code) => Err(Failure::new(
-                    code,
-                    msg["error"].as_str().unwrap_or("failed").to_owned(),
-                )),
+                Ok(code) => {
+                    let mut failure =
+                        Failure::new(code, msg["error"].as_str().unwrap_or("failed").to_owned());
+                    failure.reason = msg["reason"].as_str().map(str::to_owned);
+                    Err(failure)
+                }
                 Err(_) => Err(Failure::new(LOCAL, "bad exit code from the owner")),
             };
         }

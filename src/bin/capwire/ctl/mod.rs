@@ -14,6 +14,7 @@
 //! command is waited for: it is free again in a moment.
 
 mod book;
+pub(crate) mod card;
 mod exec;
 mod forward;
 mod grants;
@@ -227,8 +228,18 @@ pub(crate) enum CtlCommand {
         #[command(subcommand)]
         op: TasksOp,
     },
-    /// Shows a node's manifest: its capabilities, verbs and their classes.
+    /// Shows a node's manifest: its capabilities, verbs and their classes
+    /// (with --json, each verb's args and result schemas too).
     Manifest {
+        #[command(flatten)]
+        node: NodeArg,
+    },
+    /// Prints a node's A2A Agent Card (A2A 1.0, JSON): its app.* verbs
+    /// as skills, its capwire address as its interface, each verb's kind,
+    /// class and schemas in the card's `urn:capwire:verbs:1` extension.
+    /// The card describes the agent; calling it takes capwire (or
+    /// `capwire mcp`), not A2A's JSON-RPC.
+    Card {
         #[command(flatten)]
         node: NodeArg,
     },
@@ -390,6 +401,7 @@ impl CtlCommand {
             }
             CtlCommand::Forget { node }
             | CtlCommand::Manifest { node }
+            | CtlCommand::Card { node }
             | CtlCommand::Status { node }
             | CtlCommand::Disable { node }
             | CtlCommand::Grant { node, .. } => node.get().map(drop),
@@ -629,8 +641,13 @@ impl Backend {
 }
 
 fn state_dir(args: &CtlArgs) -> Result<PathBuf, Failure> {
-    if let Some(dir) = &args.state_dir {
-        return Ok(dir.clone());
+    state_dir_of(args.state_dir.as_deref())
+}
+
+/// The state directory given, else the default one.
+pub(crate) fn state_dir_of(dir: Option<&std::path::Path>) -> Result<PathBuf, Failure> {
+    if let Some(dir) = dir {
+        return Ok(dir.to_path_buf());
     }
     match std::env::var_os("HOME") {
         Some(home) if !home.is_empty() => Ok(PathBuf::from(home).join(".capwire").join("ctl")),
@@ -650,7 +667,7 @@ const RETRY_STATE: Duration = Duration::from_millis(50);
 /// that owns it; with `serve`, this process serves the others while it
 /// runs. A directory held by a command that does not serve is waited for
 /// (up to `wait`, or [`WAIT_FOR_STATE`]).
-async fn open(
+pub(crate) async fn open(
     dir: &std::path::Path,
     serve: bool,
     wait: Duration,

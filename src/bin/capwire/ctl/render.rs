@@ -317,6 +317,10 @@ pub(crate) fn human(r: &Json) -> String {
                 }
             }
         }
+        // The card itself, as a person would save it.
+        "card" => {
+            out = serde_json::to_string_pretty(&r["card"]).unwrap_or_default();
+        }
         "status" => {
             let v = &r["value"];
             out = format!(

@@ -95,7 +95,8 @@ fn outcome(task: &str, state: TaskState, error: Option<ErrorBody>) -> Result<(),
         TaskState::Canceled => Err(Failure::new(
             CANCELED,
             format!("task {task} was canceled: {}", error.message),
-        )),
+        )
+        .because("canceled")),
         _ => {
             let code = if error.code == ErrorCode::Timeout {
                 TIMEOUT
@@ -105,7 +106,8 @@ fn outcome(task: &str, state: TaskState, error: Option<ErrorBody>) -> Result<(),
             Err(Failure::new(
                 code,
                 format!("task {task} {state}: {}: {}", error.code, error.message),
-            ))
+            )
+            .because(error.code.as_str()))
         }
     }
 }
@@ -229,7 +231,8 @@ impl Ctx {
                             event.seq,
                             event.seq + 1
                         ),
-                    ));
+                    )
+                    .because("input_required"));
                 }
                 OnQuestion::Show => {
                     on_question = OnQuestion::Show;

@@ -1,0 +1,172 @@
+//! A node's A2A Agent Card (A2A 1.0, in its JSON form), made from its
+//! manifest with no I/O: `capwire ctl card NODE` prints it and `capwire
+//! mcp --http` serves it.
+//!
+//! ```text
+//! manifest                         card
+//! name, description                name, description
+//! epoch                            version
+//! app.* verbs                      skills: id CAP/VERB, name VERB, tags
+//!                                  [capwire, CAP, KIND, CLASS], JSON in/out
+//! any stream verb                  capabilities.streaming
+//! node id, addresses               supportedInterfaces: capwire://ID@ADDR,
+//!                                  protocolBinding "capwire"
+//! schemas, kinds, classes          capabilities.extensions[urn:capwire:verbs:1]
+//! ```
+//!
+//! The card describes; it does not make the node an A2A server: the
+//! interface is capwire's own (a Noise XX session, `WIRE.md`), so an A2A
+//! client can discover the agent and its skills but must speak capwire
+//! (or go through `capwire mcp`) to call them.
+
+use capwire::{Addr, Invite, NodeId};
+use serde_json::{Map, Value as Json, json};
+
+/// The extension whose params carry each skill's capwire verb: its kind,
+/// class and schemas.
+pub(crate) const VERBS_EXTENSION: &str = "urn:capwire:verbs:1";
+
+/// The `protocolBinding` of a capwire interface.
+pub(crate) const BINDING: &str = "capwire";
+
+/// The card of the node whose `manifest` record (`ctl manifest --json`)
+/// is given, reachable at `addrs` (as the book has them: `tcp://HOST:PORT`,
+/// `unix:PATH`).
+pub(crate) fn card_json(manifest: &Json, addrs: &[String]) -> Json {
+    let node_id = manifest["node_id"].as_str().unwrap_or_default();
+    let name = manifest["name"].as_str().unwrap_or_default();
+    let description = match manifest["description"].as_str() {
+        Some(d) if !d.is_empty() => d.to_owned(),
+        _ => format!("The capwire node {name}."),
+    };
+    let mut skills = Vec::new();
+    let mut verbs = Map::new();
+    let mut streaming = false;
+    let caps = manifest["capabilities"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    for cap in caps {
+        let Some(cap_id) = cap["id"].as_str().filter(|id| id.starts_with("app.")) else {
+            continue;
+        };
+        for verb in cap["verbs"].as_array().map_or(&[][..], Vec::as_slice) {
+            let Some(verb_name) = verb["name"].as_str() else {
+                continue;
+            };
+            let kind = verb["kind"].as_str().unwrap_or("request");
+            let class = verb["class"].as_str().unwrap_or("controller");
+            streaming |= kind == "stream";
+            let id = format!("{cap_id}/{verb_name}");
+            let who = if class == "controller" {
+                "only the node's control plane may call it"
+            } else {
+                "any peer may call it"
+            };
+            skills.push(json!({
+                "id": id,
+                "name": verb_name,
+                "description": format!("{id}: a {kind} verb of {name} ({class}: {who})."),
+                "tags": ["capwire", cap_id, kind, class],
+                "inputModes": ["application/json"],
+                "outputModes": ["application/json"],
+            }));
+            verbs.insert(
+                id,
+                json!({
+                    "cap": cap_id, "capVersion": cap["version"], "verb": verb_name,
+                    "kind": kind, "class": class,
+                    "argsSchema": schema(&verb["args_schema"]),
+                    "resultSchema": schema(&verb["result_schema"]),
+                }),
+            );
+        }
+    }
+    // Each address as an invite without a code: what `capwire ctl` and
+    // `Node::connect` take.
+    let id: Option<NodeId> = node_id.parse().ok();
+    let interfaces: Vec<Json> = addrs
+        .iter()
+        .filter_map(|addr| {
+            let addr: Addr = addr.parse().ok()?;
+            let invite = Invite {
+                node_id: id?,
+                addrs: vec![addr],
+                code: None,
+            };
+            Some(json!({
+                "url": invite.to_string(),
+                "protocolBinding": BINDING,
+                "protocolVersion": "2",
+            }))
+        })
+        .collect();
+    json!({
+        "name": name,
+        "description": description,
+        "supportedInterfaces": interfaces,
+        "version": manifest["epoch"].as_u64().unwrap_or(0).to_string(),
+        "capabilities": {
+            "streaming": streaming,
+            "pushNotifications": false,
+            "extensions": [{
+                "uri": VERBS_EXTENSION,
+                "description": "Each skill's capwire verb: kind, class (bootstrap or \
+                    controller), and the JSON Schemas of its args and result (of one item, \
+                    for a stream). Args and results are JSON as capwire ctl call maps it to \
+                    CBOR.",
+                "required": false,
+                "params": { "nodeId": node_id, "verbs": verbs },
+            }],
+        },
+        "defaultInputModes": ["application/json"],
+        "defaultOutputModes": ["application/json"],
+        "skills": skills,
+    })
+}
+
+/// A schema as JSON, from the JSON text a manifest may hold it as.
+fn schema(value: &Json) -> Json {
+    match value {
+        Json::String(text) => serde_json::from_str(text).unwrap_or(Json::Null),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skills_interfaces_and_schemas() {
+        let manifest = json!({
+            "kind": "manifest", "node_id": "ab".repeat(32), "name": "agent-1", "description": "",
+            "epoch": 7,
+            "capabilities": [
+                {"id": "core.monitoring", "version": "1.0.0", "verbs": [
+                    {"name": "status", "kind": "request", "class": "bootstrap",
+                     "args_schema": null, "result_schema": null}]},
+                {"id": "app.agent", "version": "1.2.0", "verbs": [
+                    {"name": "echo", "kind": "request", "class": "bootstrap",
+                     "args_schema": "{\"type\":\"string\"}", "result_schema": null},
+                    {"name": "tell", "kind": "stream", "class": "controller",
+                     "args_schema": null, "result_schema": {"type": "string"}}]},
+            ],
+        });
+        let card = card_json(&manifest, &["tcp://127.0.0.1:7000".into()]);
+        assert_eq!(card["name"], "agent-1");
+        assert_eq!(card["description"], "The capwire node agent-1.");
+        assert_eq!(card["version"], "7");
+        assert_eq!(card["capabilities"]["streaming"], true);
+        assert_eq!(
+            card["supportedInterfaces"][0]["url"],
+            format!("capwire://{}@127.0.0.1:7000", "ab".repeat(32))
+        );
+        let skills = card["skills"].as_array().expect("skills");
+        assert_eq!(skills.len(), 2, "core verbs are not skills");
+        assert_eq!(skills[0]["id"], "app.agent/echo");
+        assert_eq!(skills[1]["tags"][3], "controller");
+        let verbs = &card["capabilities"]["extensions"][0]["params"]["verbs"];
+        assert_eq!(verbs["app.agent/echo"]["argsSchema"]["type"], "string");
+        assert_eq!(verbs["app.agent/tell"]["resultSchema"]["type"], "string");
+    }
+}

@@ -1,0 +1,233 @@
+//! `capwire mcp --http ADDR`: MCP's streamable HTTP transport (rmcp's
+//! service) and the served nodes' A2A Agent Cards, on hyper, on a
+//! loopback address only (the face has no authentication of its own: who
+//! can reach it has the control plane's authority over the tools):
+//!
+//! ```text
+//!  POST|GET|DELETE /mcp                     ─► MCP (streamable HTTP)
+//!  GET /.well-known/agent-card.json         ─► the card of the one node
+//!                                              served (404 with the
+//!                                              paths when there are more)
+//!  GET /nodes/NAME/.well-known/agent-card.json ─► NAME's card
+//!  other                                    ─► 404
+//! ```
+//!
+//! Bounds: 64 connections at once (more wait in the backlog), a request
+//! head within 5 s and 64 KiB, an MCP body of 4 MiB (rmcp's bound), and
+//! 64 MCP sessions at once (one more `initialize` is answered 503; an
+//! idle session ends after 5 minutes).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{Value as Json, json};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::catalog::NodeView;
+use super::server::Face;
+use crate::ctl::card::card_json;
+use crate::exit::Failure;
+
+/// Connections served at once.
+const MAX_CONNECTIONS: usize = 64;
+/// MCP sessions at once.
+const MAX_SESSIONS: usize = 64;
+/// The longest request head.
+const MAX_HEAD: usize = 64 * 1024;
+/// Time for a request head to arrive.
+const HEAD_WAIT: Duration = Duration::from_secs(5);
+
+/// The path of the MCP endpoint.
+pub(crate) const MCP_PATH: &str = "/mcp";
+/// Where A2A looks for an agent's card.
+pub(crate) const CARD_PATH: &str = "/.well-known/agent-card.json";
+
+type Body = BoxBody<Bytes, Infallible>;
+
+struct Routes {
+    mcp: StreamableHttpService<Face, LocalSessionManager>,
+    sessions: Arc<LocalSessionManager>,
+    nodes: watch::Receiver<Arc<Vec<NodeView>>>,
+}
+
+/// Serves until `stop` is cancelled. `bound` is told the address once it
+/// listens.
+///
+/// # Errors
+/// The address cannot be bound.
+pub(crate) async fn serve(
+    face: Face,
+    nodes: watch::Receiver<Arc<Vec<NodeView>>>,
+    listener: TcpListener,
+    stop: CancellationToken,
+) -> Result<(), Failure> {
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::failed(format!("cannot read the bound address: {e}")))?;
+    let sessions = Arc::new(LocalSessionManager::default());
+    let mut hosts = vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "::1".to_owned(),
+    ];
+    hosts.push(addr.to_string());
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(hosts)
+        .with_cancellation_token(stop.child_token());
+    let routes = Arc::new(Routes {
+        mcp: StreamableHttpService::new(move || Ok(face.clone()), Arc::clone(&sessions), config),
+        sessions,
+        nodes,
+    });
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return Ok(()),
+            },
+            () = stop.cancelled() => return Ok(()),
+        };
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => return Ok(()),
+        };
+        let routes = Arc::clone(&routes);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = service_fn(move |req| {
+                let routes = Arc::clone(&routes);
+                async move { Ok::<_, Infallible>(routes.route(req).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_WAIT)
+                .max_buf_size(MAX_HEAD)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                served = conn.as_mut() => {
+                    if let Err(e) = served {
+                        tracing::debug!("an HTTP connection ended: {e}");
+                    }
+                }
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+/// Binds `addr`, which must be a loopback address.
+///
+/// # Errors
+/// It is not loopback, or it cannot be bound.
+pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, Failure> {
+    if !addr.ip().is_loopback() {
+        return Err(Failure::usage(format!(
+            "--http {addr}: not a loopback address. The MCP face has no authentication of its \
+             own (whoever reaches it calls the tools with the control plane's authority), so \
+             it listens on loopback only; put a proxy that authenticates in front of it to \
+             reach it from elsewhere"
+        )));
+    }
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::failed(format!("cannot listen on {addr}: {e}")))
+}
+
+impl Routes {
+    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        if path == MCP_PATH {
+            let opens =
+                req.method() == Method::POST && !req.headers().contains_key("mcp-session-id");
+            if opens && self.sessions.sessions.read().await.len() >= MAX_SESSIONS {
+                return json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &json!({"error": format!("{MAX_SESSIONS} MCP sessions are open already")}),
+                );
+            }
+            return self.mcp.handle(req).await;
+        }
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            let mut response = json_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &json!({"error": "only GET and HEAD are served here"}),
+            );
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return response;
+        }
+        let nodes = self.nodes.borrow().clone();
+        if path == CARD_PATH {
+            return match nodes.as_slice() {
+                [one] => card_response(one),
+                _ => json_response(
+                    StatusCode::NOT_FOUND,
+                    &json!({
+                        "error": "more than one node is served: each has its card at its own path",
+                        "cards": nodes.iter().map(card_path).collect::<Vec<_>>(),
+                    }),
+                ),
+            };
+        }
+        if let Some(name) = path
+            .strip_prefix("/nodes/")
+            .and_then(|rest| rest.strip_suffix(CARD_PATH))
+        {
+            let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+            if let Some(node) = nodes.iter().find(|n| n.name == name) {
+                return card_response(node);
+            }
+        }
+        json_response(
+            StatusCode::NOT_FOUND,
+            &json!({"error": format!("nothing at {path}: MCP is at {MCP_PATH}")}),
+        )
+    }
+}
+
+/// Where `node`'s card is served.
+pub(crate) fn card_path(node: &NodeView) -> String {
+    let name =
+        percent_encoding::utf8_percent_encode(&node.name, percent_encoding::NON_ALPHANUMERIC);
+    format!("/nodes/{name}{CARD_PATH}")
+}
+
+fn card_response(node: &NodeView) -> Response<Body> {
+    json_response(StatusCode::OK, &card_json(&node.manifest, &node.addrs))
+}
+
+fn json_response(status: StatusCode, body: &Json) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
