@@ -189,3 +189,23 @@ async def test_the_list_changes_when_a_node_is_created(cluster: Cluster, mode: s
         await wait_for(listed, what="child-1's tools")
         answer = await client.call_tool("child-1__agent__echo", {"value": "hi"})
         assert structured(answer) == {"result": "child-1: hi"}
+
+
+async def test_a_question_a_long_stream_and_one_node(cluster: Cluster) -> None:
+    await cluster.start_agent("beta")
+    async with Client(params(cluster, "--node", "alpha")) as client:
+        assert all(n.startswith("alpha__") for n in names(await client.list_tools()))
+
+        # A task that asks: the call ends, saying how to answer.
+        asked = await client.call_tool("alpha__agent__work", {"text": "x", "ask": True})
+        assert asked.is_error, asked
+        out = structured(asked)
+        assert out["code"] == "input_required", out
+        assert "capwire ctl tasks" in out["message"] and len(out["task"]) == 32
+
+        # More items than are kept: all counted, 1,000 kept.
+        text = " ".join(["w"] * 1_200)
+        long = await client.call_tool("alpha__agent__tell", {"value": text})
+        out = structured(long)
+        assert out["count"] == 1_201 and out["truncated"] is True
+        assert len(out["items"]) == 1_000 and out["items"][0] == "alpha:"
