@@ -119,3 +119,19 @@ async def test_two_faces_share_one_control_plane(cluster: Cluster, http_face: Ht
             assert echo.structured_content == {"result": "alpha: via the owner"}
     finally:
         await stop_process(second.proc)
+
+
+async def test_a_controller_verb_and_a_denial_over_http(cluster: Cluster) -> None:
+    me = await cluster.identity()
+    face = await start_http(cluster, "--allow-controller")
+    try:
+        async with Client(face.mcp_url) as client:
+            probe = {"peer": me, "cap": "core.monitoring", "verb": "status"}
+            ok = await client.call_tool("alpha__agent__probe", probe)
+            assert ok.structured_content == {"result": "ok"}, ok
+            await cluster.ctl("disable", "alpha")
+            denied = await client.call_tool("alpha__agent__probe", probe)
+            assert denied.is_error and denied.structured_content is not None
+            assert denied.structured_content["code"] == "unauthorized"
+    finally:
+        await stop_process(face.proc)

@@ -49,6 +49,9 @@ pub(crate) const MAX_ITEMS: usize = 1_000;
 pub(crate) const MAX_ITEM_BYTES: usize = 1024 * 1024;
 /// The longest progress message (an item or a task's event, as JSON).
 const MAX_MESSAGE: usize = 1024;
+/// How often a client told of list changes is looked at, to let go of
+/// one that is gone.
+const PEER_CHECK: Duration = Duration::from_secs(5);
 
 /// One MCP server, for one client (stdio) or one session (HTTP); every
 /// clone shares the control plane and the catalog.
@@ -374,9 +377,20 @@ impl ServerHandler for Face {
         let peer = context.peer;
         tokio::spawn(async move {
             catalog.mark_unchanged();
-            while catalog.changed().await.is_ok() {
-                if peer.notify_tool_list_changed().await.is_err() {
-                    return;
+            loop {
+                tokio::select! {
+                    changed = catalog.changed() => {
+                        if changed.is_err() || peer.notify_tool_list_changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    // A session that ended with no change since is let go
+                    // too.
+                    () = tokio::time::sleep(PEER_CHECK) => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                    }
                 }
             }
         });
