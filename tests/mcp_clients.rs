@@ -10,10 +10,7 @@
 
 mod pyenv;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use pyenv::repo;
+use std::time::Duration;
 
 /// How long the suite may take, whatever it waits on.
 const SUITE_DEADLINE: Duration = Duration::from_secs(600);
@@ -27,24 +24,5 @@ fn mcp_and_a2a_clients_list_call_and_validate_the_cluster() {
     ]) else {
         return;
     };
-    let mut pytest = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .current_dir(repo().join("tests/mcp"))
-        .env("CAPWIRE_BIN", env!("CARGO_BIN_EXE_capwire"))
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("pytest starts");
-    let deadline = Instant::now() + SUITE_DEADLINE;
-    let status = loop {
-        if let Some(status) = pytest.try_wait().expect("pytest is waited on") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = pytest.kill();
-            let _ = pytest.wait();
-            panic!("the MCP suite ran longer than {SUITE_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(status.success(), "the MCP suite failed: {status}");
+    pyenv::pytest(&python, "tests/mcp", SUITE_DEADLINE);
 }

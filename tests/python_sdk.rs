@@ -11,7 +11,7 @@
 mod pyenv;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pyenv::{repo, run};
@@ -72,24 +72,5 @@ fn the_python_sdk_builds_type_checks_and_passes_its_suite() {
         .current_dir(repo()))
     .unwrap_or_else(|e| panic!("mypy found errors: {e}"));
 
-    let mut pytest = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
-        .current_dir(repo().join("python"))
-        .env("CAPWIRE_BIN", env!("CARGO_BIN_EXE_capwire"))
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("pytest starts");
-    let deadline = Instant::now() + SUITE_DEADLINE;
-    let status = loop {
-        if let Some(status) = pytest.try_wait().expect("pytest is waited on") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = pytest.kill();
-            let _ = pytest.wait();
-            panic!("the pytest suite ran longer than {SUITE_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(status.success(), "the pytest suite failed: {status}");
+    pyenv::pytest(&python, "python", SUITE_DEADLINE);
 }

@@ -8,32 +8,24 @@ traceback) should a test hang anyway.
 """
 
 import asyncio
-import contextlib
 import dataclasses
 import faulthandler
 import json
-import os
 import re
-from collections.abc import AsyncIterator, Sequence
+import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "pysupport"))
+
+from children import COMMAND_TIMEOUT, Done, capwire_bin_path, child_env, run, stop_process  # noqa: E402
 
 #: No single test may take longer than this (the watchdog then kills the run).
 TEST_DEADLINE = 120.0
-#: How long any one child command may run.
-COMMAND_TIMEOUT = 30.0
-
-
-def capwire_bin_path() -> Path:
-    """The `capwire` binary: $CAPWIRE_BIN, else target/debug/capwire."""
-    path = Path(os.environ.get("CAPWIRE_BIN") or REPO / "target/debug/capwire")
-    if not path.is_file() or not os.access(path, os.X_OK):
-        pytest.fail(f"the capwire binary is missing: {path}", pytrace=False)
-    return path
 
 
 @pytest.fixture(autouse=True)
@@ -41,62 +33,6 @@ def _watchdog() -> Any:
     faulthandler.dump_traceback_later(TEST_DEADLINE, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RUST_LOG", "CAPWIRE_CTL_STATE")}
-    env["NO_COLOR"] = "1"
-    env.update(extra)
-    return env
-
-
-@dataclasses.dataclass
-class Done:
-    args: Sequence[str]
-    rc: int
-    out: str
-    err: str
-
-    def json_lines(self) -> list[Any]:
-        return [json.loads(line) for line in self.out.splitlines() if line.strip()]
-
-    def __str__(self) -> str:
-        return f"{' '.join(self.args)}\n  exit {self.rc}\n  stdout: {self.out!r}\n  stderr: {self.err!r}"
-
-
-async def stop_process(proc: asyncio.subprocess.Process, *, grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL when it does not go within `grace`."""
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.terminate()
-    try:
-        await asyncio.wait_for(proc.wait(), grace)
-    except asyncio.TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await asyncio.wait_for(proc.wait(), grace)
-
-
-async def run(args: Sequence[str | os.PathLike[str]], *, timeout: float = COMMAND_TIMEOUT) -> Done:
-    argv = [str(a) for a in args]
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=child_env(),
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(proc.wait(), 5)
-        raise
-    assert proc.returncode is not None
-    return Done(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
 @dataclasses.dataclass

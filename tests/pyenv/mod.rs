@@ -113,3 +113,32 @@ pub fn python_with(files: &[&str]) -> Option<PathBuf> {
     );
     Some(python)
 }
+
+/// Runs pytest in `dir` (relative to the repository) against this
+/// build's `capwire` binary (`CAPWIRE_BIN`), killing it past `deadline`;
+/// a failing or overlong suite fails the test.
+pub fn pytest(python: &Path, dir: &str, deadline: std::time::Duration) {
+    let started = std::time::Instant::now();
+    let mut pytest = Command::new(python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .current_dir(repo().join(dir))
+        .env("CAPWIRE_BIN", env!("CARGO_BIN_EXE_capwire"))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("pytest starts");
+    let status = loop {
+        if let Some(status) = pytest.try_wait().expect("pytest is waited on") {
+            break status;
+        }
+        if started.elapsed() > deadline {
+            let _ = pytest.kill();
+            let _ = pytest.wait();
+            panic!("the pytest suite in {dir} ran longer than {deadline:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        status.success(),
+        "the pytest suite in {dir} failed: {status}"
+    );
+}

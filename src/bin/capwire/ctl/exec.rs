@@ -476,19 +476,11 @@ impl Ctx {
                     .await
             }
             CtlCommand::Manifest { node } => {
-                let entry = self.book().resolve(node.get()?)?;
-                let session = self.reach(&entry, timeout).await?;
-                let manifest = session.manifest().ok_or_else(|| {
-                    Failure::new(UNREACHABLE, format!("{}: the session ended", entry.name))
-                })?;
+                let (_, manifest) = self.manifest(&node, timeout).await?;
                 emit(out, manifest_json(&manifest)).await
             }
             CtlCommand::Card { node } => {
-                let entry = self.book().resolve(node.get()?)?;
-                let session = self.reach(&entry, timeout).await?;
-                let manifest = session.manifest().ok_or_else(|| {
-                    Failure::new(UNREACHABLE, format!("{}: the session ended", entry.name))
-                })?;
+                let (entry, manifest) = self.manifest(&node, timeout).await?;
                 let card = super::card::card_json(&manifest_json(&manifest), &entry.addrs);
                 emit(
                     out,
@@ -624,6 +616,20 @@ impl Ctx {
                 "top runs in its own terminal; it cannot be handed to another ctl",
             )),
         }
+    }
+
+    /// The node named and its manifest, from a session with it.
+    async fn manifest(
+        &self,
+        node: &super::NodeArg,
+        timeout: Duration,
+    ) -> Result<(Entry, std::sync::Arc<Manifest>), Failure> {
+        let entry = self.book().resolve(node.get()?)?;
+        let session = self.reach(&entry, timeout).await?;
+        let manifest = session.manifest().ok_or_else(|| {
+            Failure::new(UNREACHABLE, format!("{}: the session ended", entry.name))
+        })?;
+        Ok((entry, manifest))
     }
 
     async fn bind(
