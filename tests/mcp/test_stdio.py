@@ -209,3 +209,46 @@ async def test_a_question_a_long_stream_and_one_node(cluster: Cluster) -> None:
         out = structured(long)
         assert out["count"] == 1_201 and out["truncated"] is True
         assert len(out["items"]) == 1_000 and out["items"][0] == "alpha:"
+
+
+async def test_a_call_the_client_cancels_is_cancelled_at_the_node(cluster: Cluster) -> None:
+    async with Client(params(cluster)) as client:
+        watch = await asyncio.create_subprocess_exec(
+            *cluster.ctl_argv("--json", "watch"),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=child_env(),
+        )
+        try:
+            await asyncio.sleep(0.5)
+            first = asyncio.Event()
+
+            async def progress(p: float, total: float | None, message: str | None) -> None:
+                first.set()
+                await asyncio.sleep(0.01)
+
+            # 200,000 words: far more than go by before the cancel.
+            call = asyncio.create_task(
+                client.call_tool(
+                    "alpha__agent__tell", {"value": " ".join(["w"] * 200_000)},
+                    progress_callback=progress,
+                )
+            )
+            await asyncio.wait_for(first.wait(), 15)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert watch.stdout is not None
+            while True:
+                line = await asyncio.wait_for(watch.stdout.readline(), 15)
+                assert line, "the watch ended"
+                record = json.loads(line)
+                if record.get("kind") == "call" and record.get("verb") == "tell":
+                    break
+            assert record["error"] == "cancelled" and record["items"] < 200_001, record
+            # The server goes on.
+            echo = await client.call_tool("alpha__agent__echo", {"value": "after"})
+            assert structured(echo) == {"result": "alpha: after"}
+        finally:
+            await stop_process(watch)
