@@ -3,8 +3,10 @@
 //! `tests/mcp/requirements.txt`) starts `capwire mcp` over stdio and
 //! talks to it over streamable HTTP, against real `capwire node`
 //! processes bound by a real control plane; the A2A cards are read with
-//! the `a2a-sdk` package's types; a hand-written hostile client floods
-//! and garbles JSON-RPC (`tests/mcp/*.py`). Without Python the test
+//! the `a2a-sdk` package's types; the TypeScript MCP SDK's client (npm,
+//! pinned in `tests/mcp/ts/package-lock.json`) makes the same calls; a
+//! hand-written hostile client floods and garbles JSON-RPC
+//! (`tests/mcp/*.py`). Without Python the test
 //! fails, unless `CAPWIRE_SKIP_PYTHON=1` says to skip it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

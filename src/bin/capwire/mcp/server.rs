@@ -49,6 +49,9 @@ pub(crate) const MAX_ITEMS: usize = 1_000;
 pub(crate) const MAX_ITEM_BYTES: usize = 1024 * 1024;
 /// The longest progress message (an item or a task's event, as JSON).
 const MAX_MESSAGE: usize = 1024;
+/// How long the answer of a call that reported progress waits after its
+/// last progress notification.
+const PROGRESS_LEAD: Duration = Duration::from_millis(3);
 /// How often a client told of list changes is looked at, to let go of
 /// one that is gone.
 const PEER_CHECK: Duration = Duration::from_secs(5);
@@ -137,6 +140,12 @@ impl Face {
             Ok(ended) => ended,
             Err(e) => Err(Failure::failed(format!("the call failed: {e}"))),
         };
+        // Some clients (the TypeScript SDK's) handle a notification a
+        // step later than a response read with it, and drop the progress
+        // of a call already answered: the last progress goes out first.
+        if progress.as_ref().is_some_and(|p| p.n > 0) {
+            tokio::time::sleep(PROGRESS_LEAD).await;
+        }
         match ended {
             Ok(()) => outcome.result(tool),
             Err(failure) => {
