@@ -8,6 +8,7 @@ traceback) should a test hang anyway.
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import faulthandler
 import json
@@ -44,6 +45,22 @@ class Agent:
     id: str
     addr: str
     invite: str
+
+
+class Watch:
+    """The `call` records of a running `ctl watch`."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def next_call(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        while True:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), 15)
+            assert line, "the watch ended"
+            record = json.loads(line)
+            if record.get("kind") == "call":
+                return record  # type: ignore[no-any-return]
 
 
 class Cluster:
@@ -88,6 +105,23 @@ class Cluster:
     async def identity(self) -> str:
         (record,) = await self.ctl_json("identity")
         return str(record["node_id"])
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator["Watch"]:
+        """A `ctl watch` (handed to the process that owns the state, such as
+        `capwire mcp`): it sees every call this control plane makes."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.ctl_argv("--json", "watch"),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=child_env(),
+        )
+        try:
+            await asyncio.sleep(0.5)
+            yield Watch(proc)
+        finally:
+            await stop_process(proc)
 
     def mcp_argv(self, *extra: str) -> list[str]:
         return ["mcp", "--state", str(self.state), *extra]

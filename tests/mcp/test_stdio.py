@@ -12,7 +12,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from conftest import Cluster, child_env, stop_process, wait_for
+from conftest import Cluster, child_env, wait_for
 
 
 def params(cluster: Cluster, *extra: str) -> StdioServerParameters:
@@ -110,36 +110,18 @@ async def test_bad_args_are_a_tool_error_with_the_code(cluster: Cluster) -> None
 
 async def test_a_hidden_controller_verb_is_refused_and_never_sent(cluster: Cluster) -> None:
     me = await cluster.identity()
-    async with Client(params(cluster)) as client:
-        # A watch (handed to the mcp server, which owns the state) sees
-        # every call this control plane makes.
-        watch = await asyncio.create_subprocess_exec(
-            *cluster.ctl_argv("--json", "watch"),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env=child_env(),
-        )
-        try:
-            await asyncio.sleep(0.5)
-            with pytest.raises(MCPError) as refused:
-                await client.call_tool(
-                    "alpha__agent__probe",
-                    {"peer": me, "cap": "core.monitoring", "verb": "status"},
-                )
-            assert "--allow-controller" in str(refused.value)
-            await client.call_tool("alpha__agent__echo", {"value": "after"})
-            assert watch.stdout is not None
-            calls: list[str] = []
-            while "echo" not in calls:
-                line = await asyncio.wait_for(watch.stdout.readline(), 15)
-                assert line, "the watch ended"
-                record = json.loads(line)
-                if record.get("kind") == "call":
-                    calls.append(record["verb"])
-            assert "probe" not in calls, calls
-        finally:
-            await stop_process(watch)
+    async with Client(params(cluster)) as client, cluster.watching() as watch:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool(
+                "alpha__agent__probe",
+                {"peer": me, "cap": "core.monitoring", "verb": "status"},
+            )
+        assert "--allow-controller" in str(refused.value)
+        await client.call_tool("alpha__agent__echo", {"value": "after"})
+        calls: list[str] = []
+        while "echo" not in calls:
+            calls.append((await watch.next_call())["verb"])
+        assert "probe" not in calls, calls
 
 
 async def test_controller_verbs_with_the_flag_and_a_denial(cluster: Cluster) -> None:
@@ -212,43 +194,28 @@ async def test_a_question_a_long_stream_and_one_node(cluster: Cluster) -> None:
 
 
 async def test_a_call_the_client_cancels_is_cancelled_at_the_node(cluster: Cluster) -> None:
-    async with Client(params(cluster)) as client:
-        watch = await asyncio.create_subprocess_exec(
-            *cluster.ctl_argv("--json", "watch"),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env=child_env(),
-        )
-        try:
-            await asyncio.sleep(0.5)
-            first = asyncio.Event()
+    async with Client(params(cluster)) as client, cluster.watching() as watch:
+        first = asyncio.Event()
 
-            async def progress(p: float, total: float | None, message: str | None) -> None:
-                first.set()
-                await asyncio.sleep(0.01)
+        async def progress(p: float, total: float | None, message: str | None) -> None:
+            first.set()
+            await asyncio.sleep(0.01)
 
-            # 200,000 words: far more than go by before the cancel.
-            call = asyncio.create_task(
-                client.call_tool(
-                    "alpha__agent__tell", {"value": " ".join(["w"] * 200_000)},
-                    progress_callback=progress,
-                )
+        # 200,000 words: far more than go by before the cancel.
+        call = asyncio.create_task(
+            client.call_tool(
+                "alpha__agent__tell", {"value": " ".join(["w"] * 200_000)},
+                progress_callback=progress,
             )
-            await asyncio.wait_for(first.wait(), 15)
-            call.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await call
-            assert watch.stdout is not None
-            while True:
-                line = await asyncio.wait_for(watch.stdout.readline(), 15)
-                assert line, "the watch ended"
-                record = json.loads(line)
-                if record.get("kind") == "call" and record.get("verb") == "tell":
-                    break
-            assert record["error"] == "cancelled" and record["items"] < 200_001, record
-            # The server goes on.
-            echo = await client.call_tool("alpha__agent__echo", {"value": "after"})
-            assert structured(echo) == {"result": "alpha: after"}
-        finally:
-            await stop_process(watch)
+        )
+        await asyncio.wait_for(first.wait(), 15)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        record = await watch.next_call()
+        while record.get("verb") != "tell":
+            record = await watch.next_call()
+        assert record["error"] == "cancelled" and record["items"] < 200_001, record
+        # The server goes on.
+        echo = await client.call_tool("alpha__agent__echo", {"value": "after"})
+        assert structured(echo) == {"result": "alpha: after"}

@@ -42,44 +42,33 @@ pub(crate) fn card_json(manifest: &Json, addrs: &[String]) -> Json {
     let mut skills = Vec::new();
     let mut verbs = Map::new();
     let mut streaming = false;
-    let caps = manifest["capabilities"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
-    for cap in caps {
-        let Some(cap_id) = cap["id"].as_str().filter(|id| id.starts_with("app.")) else {
-            continue;
+    for (cap, cap_id, verb, verb_name) in app_verbs(manifest) {
+        let kind = verb["kind"].as_str().unwrap_or("request");
+        let class = verb["class"].as_str().unwrap_or("controller");
+        streaming |= kind == "stream";
+        let id = format!("{cap_id}/{verb_name}");
+        let who = if class == "controller" {
+            "only the node's control plane may call it"
+        } else {
+            "any peer may call it"
         };
-        for verb in cap["verbs"].as_array().map_or(&[][..], Vec::as_slice) {
-            let Some(verb_name) = verb["name"].as_str() else {
-                continue;
-            };
-            let kind = verb["kind"].as_str().unwrap_or("request");
-            let class = verb["class"].as_str().unwrap_or("controller");
-            streaming |= kind == "stream";
-            let id = format!("{cap_id}/{verb_name}");
-            let who = if class == "controller" {
-                "only the node's control plane may call it"
-            } else {
-                "any peer may call it"
-            };
-            skills.push(json!({
-                "id": id,
-                "name": verb_name,
-                "description": format!("{id}: a {kind} verb of {name} ({class}: {who})."),
-                "tags": ["capwire", cap_id, kind, class],
-                "inputModes": ["application/json"],
-                "outputModes": ["application/json"],
-            }));
-            verbs.insert(
-                id,
-                json!({
-                    "cap": cap_id, "capVersion": cap["version"], "verb": verb_name,
-                    "kind": kind, "class": class,
-                    "argsSchema": schema(&verb["args_schema"]),
-                    "resultSchema": schema(&verb["result_schema"]),
-                }),
-            );
-        }
+        skills.push(json!({
+            "id": id,
+            "name": verb_name,
+            "description": format!("{id}: a {kind} verb of {name} ({class}: {who})."),
+            "tags": ["capwire", cap_id, kind, class],
+            "inputModes": ["application/json"],
+            "outputModes": ["application/json"],
+        }));
+        verbs.insert(
+            id,
+            json!({
+                "cap": cap_id, "capVersion": cap["version"], "verb": verb_name,
+                "kind": kind, "class": class,
+                "argsSchema": verb["args_schema"],
+                "resultSchema": verb["result_schema"],
+            }),
+        );
     }
     // Each address as an invite without a code: what `capwire ctl` and
     // `Node::connect` take.
@@ -124,12 +113,23 @@ pub(crate) fn card_json(manifest: &Json, addrs: &[String]) -> Json {
     })
 }
 
-/// A schema as JSON, from the JSON text a manifest may hold it as.
-fn schema(value: &Json) -> Json {
-    match value {
-        Json::String(text) => serde_json::from_str(text).unwrap_or(Json::Null),
-        other => other.clone(),
-    }
+/// Every verb of the `app.*` capabilities of a `manifest` record, with its
+/// capability: `(capability, its id, verb, its name)`.
+pub(crate) fn app_verbs(manifest: &Json) -> impl Iterator<Item = (&Json, &str, &Json, &str)> {
+    let caps = manifest["capabilities"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    caps.iter()
+        .filter_map(|cap| {
+            let id = cap["id"].as_str().filter(|id| id.starts_with("app."))?;
+            Some((cap, id))
+        })
+        .flat_map(|(cap, id)| {
+            let verbs = cap["verbs"].as_array().map_or(&[][..], Vec::as_slice);
+            verbs
+                .iter()
+                .filter_map(move |verb| Some((cap, id, verb, verb["name"].as_str()?)))
+        })
 }
 
 #[cfg(test)]
@@ -147,7 +147,7 @@ mod tests {
                      "args_schema": null, "result_schema": null}]},
                 {"id": "app.agent", "version": "1.2.0", "verbs": [
                     {"name": "echo", "kind": "request", "class": "bootstrap",
-                     "args_schema": "{\"type\":\"string\"}", "result_schema": null},
+                     "args_schema": {"type": "string"}, "result_schema": null},
                     {"name": "tell", "kind": "stream", "class": "controller",
                      "args_schema": null, "result_schema": {"type": "string"}}]},
             ],

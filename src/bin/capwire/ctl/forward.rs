@@ -1,10 +1,10 @@
 //! Handing a command to the `ctl` that owns the state directory, over
 //! `ctl.sock` in it: one JSON request line, then one `{"record": ...}`
 //! line per record, then `{"exit": CODE, "error": MESSAGE, "reason":
-//! ERROR_CODE}` (the reason, capwire's error code, when there is one). Only the
-//! long-running commands (`watch`, `top`, a task followed, and `capwire
-//! mcp`) serve the socket; a `ctl` that
-//! finds the directory held by a one-shot command waits for it to end.
+//! ERROR_CODE}` (the reason: capwire's error code, when there is one).
+//! Only the long-running commands (`watch`, `top`, a task followed, and
+//! `capwire mcp`) serve the socket; a `ctl` that finds the directory held
+//! by a one-shot command waits for it to end.
 //! A command handed over ends when its client goes away; the owner, when
 //! it stops, ends the watches handed to it and lets the other commands
 //! finish first.

@@ -23,6 +23,8 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value as Json, json};
 
+use crate::ctl::card::app_verbs;
+
 /// The longest tool name made.
 pub(crate) const MAX_NAME: usize = 64;
 
@@ -163,7 +165,12 @@ impl Catalog {
 
     /// The tool named `name`.
     pub(crate) fn get(&self, name: &str) -> Option<&ToolDef> {
-        self.by_name.get(name).map(|&i| &self.tools[i])
+        self.position(name).map(|i| &self.tools[i])
+    }
+
+    /// Where the tool named `name` is in `tools`.
+    pub(crate) fn position(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
     }
 
     /// What a controller verb left out under `name` is, if it is one.
@@ -178,79 +185,58 @@ fn tools_of(node: &NodeView) -> Vec<ToolDef> {
     let node_id = m["node_id"].as_str().unwrap_or_default().to_owned();
     let about = m["description"].as_str().unwrap_or_default();
     let mut tools = Vec::new();
-    let caps = m["capabilities"].as_array().map_or(&[][..], Vec::as_slice);
-    for cap in caps {
-        let Some(cap_id) = cap["id"].as_str().filter(|id| id.starts_with("app.")) else {
+    for (cap, cap_id, verb, name) in app_verbs(m) {
+        let version = cap["version"].as_str().unwrap_or_default();
+        let Some(kind) = verb["kind"].as_str().and_then(Kind::parse) else {
             continue;
         };
-        let version = cap["version"].as_str().unwrap_or_default();
-        for verb in cap["verbs"].as_array().map_or(&[][..], Vec::as_slice) {
-            let (Some(name), Some(kind)) = (
-                verb["name"].as_str(),
-                verb["kind"].as_str().and_then(Kind::parse),
-            ) else {
-                continue;
-            };
-            let controller = match verb["class"].as_str() {
-                Some("bootstrap") => false,
-                Some("controller") => true,
-                // A class this side does not know is never a tool.
-                _ => continue,
-            };
-            let args = schema_of(&verb["args_schema"]);
-            let result = schema_of(&verb["result_schema"]);
-            let (input_schema, wrapped_input) = input_schema(args.as_ref());
-            let (output_schema, wrapped_output) = output_schema(kind, result.as_ref());
-            let mut description = format!(
-                "{cap_id}/{name} (version {version}) of the capwire node {}: a {} verb{}.",
-                node.name,
-                kind.as_str(),
-                if controller {
-                    ", run with the control plane's authority"
-                } else {
-                    ""
-                }
-            );
-            if let Some(text) = args
-                .as_ref()
-                .and_then(|s| s.get("description"))
-                .and_then(Json::as_str)
-            {
-                let _ = write!(description, " Args: {text}");
+        let controller = match verb["class"].as_str() {
+            Some("bootstrap") => false,
+            Some("controller") => true,
+            // A class this side does not know is never a tool.
+            _ => continue,
+        };
+        let args = verb["args_schema"].as_object().cloned();
+        let result = verb["result_schema"].as_object().cloned();
+        let (input_schema, wrapped_input) = input_schema(args.as_ref());
+        let (output_schema, wrapped_output) = output_schema(kind, result.as_ref());
+        let mut description = format!(
+            "{cap_id}/{name} (version {version}) of the capwire node {}: a {} verb{}.",
+            node.name,
+            kind.as_str(),
+            if controller {
+                ", run with the control plane's authority"
+            } else {
+                ""
             }
-            if !about.is_empty() {
-                let _ = write!(description, " The node: {about}");
-            }
-            tools.push(ToolDef {
-                name: plain_name(&node.name, cap_id, name),
-                node: node.name.clone(),
-                node_id: node_id.clone(),
-                cap: cap_id.to_owned(),
-                verb: name.to_owned(),
-                kind,
-                controller,
-                title: format!("{}: {cap_id}/{name}", node.name),
-                description,
-                input_schema,
-                output_schema,
-                wrapped_input,
-                wrapped_output,
-            });
+        );
+        if let Some(text) = args
+            .as_ref()
+            .and_then(|s| s.get("description"))
+            .and_then(Json::as_str)
+        {
+            let _ = write!(description, " Args: {text}");
         }
+        if !about.is_empty() {
+            let _ = write!(description, " The node: {about}");
+        }
+        tools.push(ToolDef {
+            name: plain_name(&node.name, cap_id, name),
+            node: node.name.clone(),
+            node_id: node_id.clone(),
+            cap: cap_id.to_owned(),
+            verb: name.to_owned(),
+            kind,
+            controller,
+            title: format!("{}: {cap_id}/{name}", node.name),
+            description,
+            input_schema,
+            output_schema,
+            wrapped_input,
+            wrapped_output,
+        });
     }
     tools
-}
-
-/// A schema given in a manifest (as JSON, or as the JSON text of one).
-fn schema_of(value: &Json) -> Option<Map<String, Json>> {
-    match value {
-        Json::Object(map) => Some(map.clone()),
-        Json::String(text) => match serde_json::from_str(text) {
-            Ok(Json::Object(map)) => Some(map),
-            _ => None,
-        },
-        _ => None,
-    }
 }
 
 fn is_object_schema(schema: &Map<String, Json>) -> bool {
@@ -417,7 +403,7 @@ mod tests {
     fn verbs() -> Json {
         json!([
             {"name": "echo", "kind": "request", "class": "bootstrap",
-             "args_schema": "{\"type\":\"string\"}", "result_schema": "{\"type\":\"string\"}"},
+             "args_schema": {"type": "string"}, "result_schema": {"type": "string"}},
             {"name": "ask", "kind": "request", "class": "controller",
              "args_schema": {"type": "object", "properties": {"text": {"type": "string"}}},
              "result_schema": {"type": "string"}},

@@ -123,12 +123,12 @@ async fn serve(
     listener: Option<tokio::net::TcpListener>,
 ) -> Result<(), Failure> {
     let served = refresh::served(backend, &scope, timeout).await?;
-    let (tools_tx, tools) = watch::channel(Arc::clone(&served.catalog));
+    let (tools_tx, tools) = watch::channel(Arc::clone(&served.listing));
     let (nodes_tx, nodes) = watch::channel(Arc::new(served.nodes));
     let face = Face {
         backend: backend.clone(),
         timeout,
-        catalog: tools,
+        listing: tools,
         calls: Arc::new(Semaphore::new(server::MAX_CALLS)),
     };
     let maintain = refresh::maintain(backend.clone(), scope, timeout, tools_tx, nodes_tx);

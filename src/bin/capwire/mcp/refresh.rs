@@ -11,6 +11,7 @@ use serde_json::Value as Json;
 use tokio::sync::watch;
 
 use super::catalog::{Catalog, NodeView};
+use super::server::Listing;
 use crate::ctl::{Backend, CtlCommand, NodeArg};
 use crate::exit::Failure;
 
@@ -22,10 +23,10 @@ const SETTLE: Duration = Duration::from_millis(100);
 const MANIFEST_WAIT: Duration = Duration::from_secs(5);
 
 /// What is served: the nodes (for their cards) and their tools.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Served {
     pub(crate) nodes: Vec<NodeView>,
-    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) listing: Arc<Listing>,
 }
 
 /// Which nodes, and which of their verbs.
@@ -137,8 +138,8 @@ pub(crate) async fn served(
             Err(e) => tracing::debug!("{name} has no tools for now: {e}"),
         }
     }
-    let catalog = Arc::new(Catalog::build(&nodes, scope.controller));
-    Ok(Served { nodes, catalog })
+    let listing = Arc::new(Listing::new(Catalog::build(&nodes, scope.controller)));
+    Ok(Served { nodes, listing })
 }
 
 /// Keeps `tools` and `nodes` as the cluster is, until the control
@@ -148,7 +149,7 @@ pub(crate) async fn maintain(
     backend: Backend,
     scope: Scope,
     timeout: Duration,
-    tools: watch::Sender<Arc<Catalog>>,
+    tools: watch::Sender<Arc<Listing>>,
     nodes: watch::Sender<Arc<Vec<NodeView>>>,
 ) {
     let (mut records, _watching) = backend.start(CtlCommand::Watch, timeout);
@@ -189,9 +190,9 @@ pub(crate) async fn maintain(
         match served(&backend, &scope, timeout).await {
             Ok(now) => {
                 tools.send_if_modified(|old| {
-                    let changed = **old != *now.catalog;
+                    let changed = old.catalog != now.listing.catalog;
                     if changed {
-                        *old = Arc::clone(&now.catalog);
+                        *old = Arc::clone(&now.listing);
                     }
                     changed
                 });

@@ -56,28 +56,44 @@ const PROGRESS_LEAD: Duration = Duration::from_millis(3);
 /// one that is gone.
 const PEER_CHECK: Duration = Duration::from_secs(5);
 
+/// The catalog and its tools as MCP lists them, made once for each
+/// change of the catalog rather than for each list or call.
+#[derive(Debug)]
+pub(crate) struct Listing {
+    pub(crate) catalog: Catalog,
+    /// `catalog.tools`, in the same order.
+    tools: Vec<Tool>,
+}
+
+impl Listing {
+    pub(crate) fn new(catalog: Catalog) -> Listing {
+        let tools = catalog.tools.iter().map(tool_of).collect();
+        Listing { catalog, tools }
+    }
+
+    fn tool(&self, name: &str) -> Option<&Tool> {
+        self.catalog.position(name).map(|i| &self.tools[i])
+    }
+}
+
 /// One MCP server, for one client (stdio) or one session (HTTP); every
 /// clone shares the control plane and the catalog.
 #[derive(Clone)]
 pub(crate) struct Face {
     pub(crate) backend: Backend,
     pub(crate) timeout: Duration,
-    pub(crate) catalog: watch::Receiver<Arc<Catalog>>,
+    pub(crate) listing: watch::Receiver<Arc<Listing>>,
     pub(crate) calls: Arc<Semaphore>,
 }
 
 impl Face {
-    fn tools(&self) -> Vec<Tool> {
-        let catalog = self.catalog.borrow().clone();
-        catalog.tools.iter().map(tool_of).collect()
-    }
-
     async fn call(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let catalog = self.catalog.borrow().clone();
+        let listing = self.listing.borrow().clone();
+        let catalog = &listing.catalog;
         let Some(tool) = catalog.get(&request.name) else {
             let message = match catalog.hidden(&request.name) {
                 Some(what) => format!(
@@ -359,7 +375,7 @@ impl ServerHandler for Face {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut result = ListToolsResult::with_all_items(self.tools());
+        let mut result = ListToolsResult::with_all_items(self.listing.borrow().tools.clone());
         // The list changes with the cluster: not to be kept.
         result.ttl_ms = Some(0);
         Ok(result)
@@ -376,19 +392,19 @@ impl ServerHandler for Face {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.catalog.borrow().get(name).map(tool_of)
+        self.listing.borrow().tool(name).cloned()
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // A client that negotiated a version with `initialize` is told of a
         // change with `notifications/tools/list_changed`, until it is gone.
-        let mut catalog = self.catalog.clone();
+        let mut listing = self.listing.clone();
         let peer = context.peer;
         tokio::spawn(async move {
-            catalog.mark_unchanged();
+            listing.mark_unchanged();
             loop {
                 tokio::select! {
-                    changed = catalog.changed() => {
+                    changed = listing.changed() => {
                         if changed.is_err() || peer.notify_tool_list_changed().await.is_err() {
                             return;
                         }
@@ -417,11 +433,11 @@ impl ServerHandler for Face {
             context.cancelled().await;
             return Ok(());
         }
-        let mut catalog = self.catalog.clone();
-        catalog.mark_unchanged();
+        let mut listing = self.listing.clone();
+        listing.mark_unchanged();
         loop {
             tokio::select! {
-                changed = catalog.changed() => {
+                changed = listing.changed() => {
                     if changed.is_err() || context.sink().notify_tool_list_changed().await.is_err() {
                         return Ok(());
                     }
