@@ -135,3 +135,44 @@ async def test_a_controller_verb_and_a_denial_over_http(cluster: Cluster) -> Non
             assert denied.structured_content["code"] == "unauthorized"
     finally:
         await stop_process(face.proc)
+
+
+INIT = {
+    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "raw", "version": "0"}},
+}
+
+
+async def test_mcp_sessions_are_bounded(http_face: HttpFace) -> None:
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        opened = []
+        for _ in range(64):
+            r = await http.post(http_face.mcp_url, json=INIT, headers=headers)
+            assert r.status_code == 200, r.text
+            opened.append(r.headers["mcp-session-id"])
+        r = await http.post(http_face.mcp_url, json=INIT, headers=headers)
+        assert r.status_code == 503, r.status_code
+        # One closed makes room for one more.
+        r = await http.delete(http_face.mcp_url, headers={**headers, "mcp-session-id": opened[0]})
+        assert r.status_code in (200, 202, 204), r.status_code
+
+        async def room() -> bool:
+            r = await http.post(http_face.mcp_url, json=INIT, headers=headers)
+            return r.status_code == 200
+
+        await wait_for(room, what="a session slot freed")
+
+
+async def test_a_slow_request_head_is_cut_off(http_face: HttpFace) -> None:
+    host, port = http_face.base.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    started = asyncio.get_running_loop().time()
+    writer.write(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    await writer.drain()
+    # The head never ends: the server answers (408) or closes within its
+    # 5 s bound.
+    await asyncio.wait_for(reader.read(), 15)
+    assert asyncio.get_running_loop().time() - started < 10
+    writer.close()
