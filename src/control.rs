@@ -12,6 +12,7 @@ use capwire_envelope::{Limits as WireLimits, NodeId};
 use capwire_manifest::{Manifest, ManifestTracker, Registry};
 use tokio::sync::Notify;
 
+use crate::dispatch::authority::Authorities;
 use crate::dispatch::handler::RouteHandler;
 use crate::error::NodeError;
 use crate::net::peers::Peers;
@@ -32,6 +33,8 @@ pub(crate) struct Control {
     pending_changed: Notify,
     /// The manifest, for watchers.
     manifest_tx: tokio::sync::watch::Sender<Manifest>,
+    /// Told of every binding change: work the old binding admitted stops.
+    authorities: Arc<Authorities>,
 }
 
 impl std::fmt::Debug for Control {
@@ -53,10 +56,12 @@ impl Control {
         registry: Arc<Registry<RouteHandler>>,
         peers: Arc<Peers>,
         wire_limits: WireLimits,
+        authorities: Arc<Authorities>,
     ) -> Self {
         let manifest_tx = tokio::sync::watch::channel(tracker.manifest().clone()).0;
         Self {
             manifest_tx,
+            authorities,
             binding,
             tracker: Mutex::new(tracker),
             registry,
@@ -86,6 +91,11 @@ impl Control {
     /// The current binding.
     pub(crate) fn binding(&self) -> Binding {
         self.binding.snapshot()
+    }
+
+    /// What running work holds its authority from.
+    pub(crate) fn authorities(&self) -> &Arc<Authorities> {
+        &self.authorities
     }
 
     /// Recomputes the manifest at `now`; if it changed, its epoch is bumped
@@ -138,6 +148,9 @@ impl Control {
         check: impl FnOnce(&Binding) -> Result<(), E>,
     ) -> Result<(Binding, BindUndo), Refused<E>> {
         let result = self.binding.try_bind_checked(sender, code, now, check);
+        if result.is_ok() {
+            self.authorities.changed();
+        }
         if matches!(
             result,
             Ok(_)
@@ -160,6 +173,7 @@ impl Control {
     pub(crate) fn undo_bind(&self, undo: BindUndo, now: Instant) -> bool {
         let undone = self.binding.undo_bind(undo);
         if undone {
+            self.authorities.changed();
             tracing::warn!("a bind that could not be completed was undone");
             self.refresh(now);
         }
@@ -171,6 +185,7 @@ impl Control {
     pub(crate) fn unbind(&self, now: Instant) -> Option<(NodeId, BindUndo)> {
         let previous = self.binding.unbind_undoable();
         if previous.is_some() {
+            self.authorities.changed();
             self.refresh(now);
         }
         previous

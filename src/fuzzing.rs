@@ -128,10 +128,16 @@ pub(crate) fn dispatcher() -> Dispatcher {
 }
 
 fn dispatcher_bound(controller: Option<NodeId>) -> Dispatcher {
+    let binding = Arc::new(SharedBinding::new(BindingState::restore(controller)));
+    let delegations = Arc::new(capwire_authz::Delegations::default());
+    let authorities = Arc::new(crate::dispatch::authority::Authorities::new(
+        binding.clone(),
+        delegations.clone(),
+    ));
     let made = Dispatcher::new(
         registry(),
         Gate::default(),
-        Arc::new(SharedBinding::new(BindingState::restore(controller))),
+        binding,
         Ledger::new(LedgerLimits {
             window: Duration::from_secs(120),
             max_bytes: 1 << 24,
@@ -144,7 +150,8 @@ fn dispatcher_bound(controller: Option<NodeId>) -> Dispatcher {
             max_bytes: 1 << 16,
             body_max: 1 << 10,
         })),
-        Arc::new(capwire_authz::Delegations::default()),
+        delegations,
+        authorities,
     );
     made.expect("the test dispatcher builds")
 }
@@ -449,7 +456,7 @@ impl Harness {
                         ErrorCode::TooLarge,
                         "larger than the window",
                     ))),
-                    Err(ItemRefused::Closed) => Some(Err(cancelled())),
+                    Err(ItemRefused::Closed | ItemRefused::Unauthorized) => Some(Err(cancelled())),
                 }
             };
             match end {

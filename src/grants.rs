@@ -1,6 +1,6 @@
 //! Delegated rights: a control plane lets another node call some of a
 //! bound node's controller verbs, for a while, without making it that
-//! node's controller (WIRE.md 5.7).
+//! node's controller (WIRE.md 5.5).
 //!
 //! A grant is a [biscuit](https://www.biscuitsec.org/) token. The bound
 //! control plane mints it ([`Node::grant`]) for one node, one holder, some
@@ -80,6 +80,10 @@ pub enum GrantCallError {
     /// older control plane, or through an older node).
     #[error("the node holds no grant key for this control plane: bind it again")]
     NoGrantKey,
+    /// `valid_for` is longer than [`GRANT_MAX_LIFETIME`] (30 days): a node
+    /// would refuse the token (`too_long`).
+    #[error("a grant is valid for at most 30 days")]
+    TooLong,
     /// The token could not be made.
     #[error(transparent)]
     Grant(#[from] GrantError),
@@ -99,7 +103,8 @@ impl Node {
     /// key ([`GrantCallError::NoGrantKey`] otherwise).
     ///
     /// # Errors
-    /// [`GrantCallError`].
+    /// [`GrantCallError`]; [`GrantCallError::TooLong`] for a `valid_for`
+    /// over [`GRANT_MAX_LIFETIME`].
     pub async fn grant(
         &self,
         node: &Peer,
@@ -108,6 +113,9 @@ impl Node {
         rights: Vec<Right>,
         valid_for: Duration,
     ) -> Result<String, GrantCallError> {
+        if valid_for > GRANT_MAX_LIFETIME {
+            return Err(GrantCallError::TooLong);
+        }
         let info = node.request(GrantsInfoRead, NoArgs {}).await?;
         if info.control_plane_key != Some(self.grant_key().to_string()) {
             return Err(GrantCallError::NoGrantKey);

@@ -103,6 +103,11 @@ pub enum StreamClosed {
     /// The item has no encoding in the strict CBOR profile.
     #[error("the item could not be encoded: {0}")]
     Encode(String),
+    /// The authority the stream was opened on has ended: the control
+    /// plane that opened it was unbound, or the grant that let it through
+    /// was revoked or expired (the stream ends `unauthorized`).
+    #[error("the authority that opened the stream has ended")]
+    Unauthorized,
 }
 
 impl From<StreamClosed> for HandlerError {
@@ -112,6 +117,7 @@ impl From<StreamClosed> for HandlerError {
             StreamClosed::Idle => ErrorCode::Timeout,
             StreamClosed::TooLarge => ErrorCode::TooLarge,
             StreamClosed::Encode(_) => ErrorCode::Internal,
+            StreamClosed::Unauthorized => ErrorCode::Unauthorized,
         };
         HandlerError::new(code, e.to_string())
     }
@@ -144,6 +150,12 @@ impl<T: Serialize> Items<T> {
         }
     }
 
+    /// From now on, every item is sent only while `authority` holds (a
+    /// stream whose right to go on depends on more than its admission).
+    pub(crate) fn hold(&mut self, authority: Arc<crate::dispatch::authority::Authority>) {
+        self.served.authority = Some(authority);
+    }
+
     /// Sends one item, waiting for the caller's credit (and for room in
     /// the session's send queue).
     ///
@@ -161,7 +173,14 @@ impl<T: Serialize> Items<T> {
             let credit = s.credit.notified();
             tokio::pin!(credit);
             credit.as_mut().enable();
-            match s.session.send_item(&s.req_id, &frame, len) {
+            // The authority is asked in full here, and once more, cheaply,
+            // under the session's lock as the item is queued: nothing is
+            // queued after the change that ended it.
+            if let Some(a) = &s.authority {
+                a.check().map_err(|_| StreamClosed::Unauthorized)?;
+            }
+            let holds = || s.authority.as_ref().is_none_or(|a| a.unchanged());
+            match s.session.send_item(&s.req_id, &frame, len, holds) {
                 Ok(backlog) => {
                     s.counters.items_sent.fetch_add(1, Ordering::Relaxed);
                     if backlog {
@@ -194,6 +213,8 @@ impl<T: Serialize> Items<T> {
                 }
                 Err(ItemRefused::TooLarge) => return Err(StreamClosed::TooLarge),
                 Err(ItemRefused::Closed) => return Err(StreamClosed::Gone),
+                // Changed just now: asked in full on the next turn.
+                Err(ItemRefused::Unauthorized) => {}
             }
         }
     }

@@ -24,16 +24,21 @@ pub const MAX_TOKENS_PER_HOLDER: usize = 4;
 pub const MAX_HOLDERS: usize = 4096;
 /// Cached answers per holder (one per verb asked).
 pub const MAX_ANSWERS_PER_HOLDER: usize = 64;
-/// Revocations kept (each for [`GRANT_MAX_LIFETIME`](crate::GRANT_MAX_LIFETIME)).
+/// Revocations kept (each while the binding it was made under lasts).
 pub const MAX_REVOCATIONS: usize = 10_000;
 /// Longest an answer is cached without being asked again.
 const ANSWER_TTL: Duration = Duration::from_secs(60);
 
-/// A delegated call let through: which token did it.
+/// A delegated call let through: which token did it, and until when the
+/// answer holds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Delegated {
     /// The token's first revocation id, as lowercase hex.
     pub grant: Arc<str>,
+    /// The answer holds until then (at most a minute ahead), unless a
+    /// presentation, a revocation or a binding change comes first: work
+    /// the token let through asks again then.
+    pub until: SystemTime,
 }
 
 #[derive(Debug, Clone)]
@@ -213,7 +218,9 @@ impl Delegations {
             return Err(GrantDenied::Revoked);
         }
         if !inner.holders.contains_key(&holder) && inner.holders.len() >= MAX_HOLDERS {
-            inner.holders.retain(|_, h| h.expires() > now);
+            inner
+                .holders
+                .retain(|_, h| h.expires() + Duration::from_secs(1) > now);
             if inner.holders.len() >= MAX_HOLDERS
                 && let Some(first) = inner
                     .holders
@@ -228,7 +235,7 @@ impl Delegations {
         let id: Arc<str> = token.id().into();
         entry
             .tokens
-            .retain(|h| h.id != id && h.token.expires() > now);
+            .retain(|h| h.id != id && h.token.expires() + Duration::from_secs(1) > now);
         if entry.tokens.len() >= MAX_TOKENS_PER_HOLDER {
             entry.tokens.remove(0);
         }
@@ -297,7 +304,8 @@ impl Delegations {
                 && a.epoch == binding.epoch()
                 && now < a.until
             {
-                return Some(a.result.clone().map(|grant| Delegated { grant }));
+                let until = a.until;
+                return Some(a.result.clone().map(|grant| Delegated { grant, until }));
             }
             let tokens: Vec<(Arc<Verified>, Arc<str>)> = holder
                 .tokens
@@ -330,12 +338,8 @@ impl Delegations {
                 Err(_) => {}
             }
         }
-        // An answer about the second a date names is asked again after it.
-        let until = if until <= now {
-            now + Duration::from_secs(1)
-        } else {
-            until
-        };
+        // Never in the past (a date at `now` was passed over above).
+        let until = until.max(now + Duration::from_millis(1));
         let mut inner = self.lock();
         if inner.generation != generation {
             // Presented, revoked or cleared meanwhile: not cached, and a
@@ -349,7 +353,7 @@ impl Delegations {
             {
                 return Some(Err(GrantDenied::Revoked));
             }
-            return Some(best.map(|grant| Delegated { grant }));
+            return Some(best.map(|grant| Delegated { grant, until }));
         }
         // A refusal for cost may be the machine's load: asked again.
         if best == Err(GrantDenied::TooCostly) {
@@ -368,6 +372,20 @@ impl Delegations {
                 },
             );
         }
-        Some(best.map(|grant| Delegated { grant }))
+        Some(best.map(|grant| Delegated { grant, until }))
+    }
+
+    /// The latest time any kept token with a block of revocation id `id`
+    /// could be valid until (its authority block's expiry, through that
+    /// second), if the node holds one: after it, a revocation of `id`
+    /// refuses nothing a presentation could bring.
+    pub fn lifetime_of(&self, id: &[u8]) -> Option<SystemTime> {
+        self.lock()
+            .holders
+            .values()
+            .flat_map(|h| &h.tokens)
+            .filter(|h| h.token.revocation_ids().iter().any(|r| r == id))
+            .map(|h| h.token.lifetime_end() + Duration::from_secs(1))
+            .max()
     }
 }

@@ -1,5 +1,5 @@
 //! Grants: delegated rights to a node's controller verbs, as biscuit
-//! tokens (WIRE.md 5.7).
+//! tokens (WIRE.md 5.5).
 //!
 //! The bound control plane mints a token with its grant key; the token
 //! names the node it is for, the binding it was minted under, the verbs
@@ -66,7 +66,8 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use biscuit_auth::builder::{
-    Algorithm, AuthorizerBuilder, BiscuitBuilder, BlockBuilder, Op, Rule, Term,
+    Algorithm, AuthorizerBuilder, Binary, BiscuitBuilder, BlockBuilder, Check, CheckKind, Op, Rule,
+    Term,
 };
 use biscuit_auth::error::{Format, Logic, Token};
 use biscuit_auth::{AuthorizerLimits, Biscuit, KeyPair, PrivateKey, PublicKey, UnverifiedBiscuit};
@@ -79,8 +80,9 @@ use zeroize::Zeroizing;
 pub const GRANT_MAX_TOKEN: usize = 8192;
 /// Most blocks in a token: the control plane's and seven more.
 pub const GRANT_MAX_BLOCKS: usize = 8;
-/// Longest a token may be valid for, from the time it is presented: a
-/// revocation is kept this long and then forgotten.
+/// Longest a token may be valid for, from the time it is presented (its
+/// authority block's expiry). Revocations do not depend on it: a node
+/// keeps each one for as long as the binding it was made under lasts.
 pub const GRANT_MAX_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// The verbs no grant can carry, whatever the token says: unbinding
@@ -228,7 +230,7 @@ impl From<Token> for GrantError {
 /// A node's grant key: the Ed25519 key it signs tokens (and delegation
 /// blocks) with, derived from its X25519 identity secret, so it needs no
 /// storage of its own. Its public half is advertised in the manifest
-/// (`core.grants` params, WIRE.md 5.7).
+/// (`core.grants` params, WIRE.md 5.5).
 pub struct GrantKey(KeyPair);
 
 impl GrantKey {
@@ -572,7 +574,10 @@ pub struct Verified {
     holder: NodeId,
     epoch: u64,
     revocation_ids: Vec<Vec<u8>>,
+    /// The earliest expiry any block sets.
     expires: SystemTime,
+    /// The authority block's expiry: no copy of the token lasts longer.
+    lifetime_end: SystemTime,
     dates: Vec<SystemTime>,
 }
 
@@ -691,6 +696,7 @@ fn verify_inner(
     if token.block_count() > GRANT_MAX_BLOCKS {
         return Err(GrantDenied::BadToken("more than 8 blocks"));
     }
+    let lifetime_end = authority_shape(&token)?;
     shape(&token)?;
     let revocation_ids = token.revocation_identifiers();
     if revocation_ids.iter().any(|id| revoked(id)) {
@@ -777,17 +783,16 @@ fn verify_inner(
     dates.sort();
     dates.dedup();
 
-    // The authority block's expiry: its one time check, the first in the
-    // dump (this authorizer has no checks of its own; blocks come in order).
+    // The authority block's expiry bounds every copy of the token; a
+    // later block may set an earlier one, and the earliest is when the
+    // token stops letting anything through.
     let expires = checks
-        .first()
-        .and_then(|c| {
-            let mut d = Vec::new();
-            c.queries.iter().for_each(|r| walk_rule(r, &mut d));
-            d.into_iter().min()
-        })
-        .ok_or(GrantDenied::BadToken("no expiry"))?;
-    if expires > now + GRANT_MAX_LIFETIME {
+        .iter()
+        .filter_map(expiry_of)
+        .min()
+        .unwrap_or(lifetime_end)
+        .min(lifetime_end);
+    if lifetime_end > now + GRANT_MAX_LIFETIME {
         return Err(GrantDenied::TooLong);
     }
     // Dates are whole seconds: valid through the second it names.
@@ -800,8 +805,97 @@ fn verify_inner(
         epoch,
         revocation_ids,
         expires,
+        lifetime_end,
         dates,
     })
+}
+
+/// The date `D` of a check `check if time($t), $t <= D` (one query, one
+/// `time` predicate, one comparison): an expiry. Other checks may refuse
+/// a call for other reasons, but never set when the token ends.
+fn expiry_of(check: &Check) -> Option<SystemTime> {
+    if check.kind != CheckKind::One {
+        return None;
+    }
+    let [query] = check.queries.as_slice() else {
+        return None;
+    };
+    let [time] = query.body.as_slice() else {
+        return None;
+    };
+    let [Term::Variable(var)] = time.terms.as_slice() else {
+        return None;
+    };
+    let [expression] = query.expressions.as_slice() else {
+        return None;
+    };
+    match expression.ops.as_slice() {
+        [
+            Op::Value(Term::Variable(v)),
+            Op::Value(Term::Date(d)),
+            Op::Binary(Binary::LessOrEqual),
+        ] if time.name == "time" && v == var => {
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(*d))
+        }
+        _ => None,
+    }
+}
+
+/// The facts the authority block holds, by name and arity: exactly one
+/// of each of the first four, and at least one right.
+const AUTHORITY_FACTS: [(&str, usize); 6] = [
+    ("capwire_grant", 1),
+    ("node", 1),
+    ("binding", 1),
+    ("holder", 2),
+    ("right", 2),
+    ("right_cap", 1),
+];
+
+/// Checks that the authority block holds exactly what a capwire grant
+/// holds (WIRE.md 5.5): its facts, at least one right, no rule, and one
+/// check, the expiry; returns that expiry.
+fn authority_shape(token: &Biscuit) -> Result<SystemTime, GrantDenied> {
+    let source = token
+        .print_block_source(0)
+        .map_err(|_| GrantDenied::BadToken("the authority block does not print"))?;
+    let block = BlockBuilder::new()
+        .code(&source)
+        .map_err(|_| GrantDenied::BadToken("the authority block does not parse"))?;
+    if !block.rules.is_empty() || !block.scopes.is_empty() {
+        return Err(GrantDenied::BadToken(
+            "the authority block holds a rule or a scope",
+        ));
+    }
+    let mut rights = 0;
+    for fact in &block.facts {
+        let p = &fact.predicate;
+        if !AUTHORITY_FACTS.contains(&(p.name.as_str(), p.terms.len())) {
+            return Err(GrantDenied::BadToken(
+                "the authority block holds a fact a grant does not",
+            ));
+        }
+        if p.name.starts_with("right") {
+            if !p.terms.iter().all(|t| matches!(t, Term::Str(_))) {
+                return Err(GrantDenied::BadToken("a right names something not a text"));
+            }
+            rights += 1;
+        }
+    }
+    if rights == 0 {
+        return Err(GrantDenied::BadToken("the token grants no right"));
+    }
+    let [check] = block.checks.as_slice() else {
+        return Err(GrantDenied::BadToken(
+            "the authority block holds other than one check",
+        ));
+    };
+    if !check.queries.iter().all(|q| q.scopes.is_empty()) {
+        return Err(GrantDenied::BadToken("the expiry check has a scope"));
+    }
+    expiry_of(check).ok_or(GrantDenied::BadToken(
+        "the authority block's check is not an expiry",
+    ))
 }
 
 /// What a block after the authority block may hold: checks, and the one
@@ -862,15 +956,36 @@ impl Verified {
         self.epoch
     }
 
-    /// The expiry of the authority block.
+    /// When the token stops letting anything through: the earliest expiry
+    /// any of its blocks sets (valid through that second).
     pub fn expires(&self) -> SystemTime {
         self.expires
     }
 
-    /// The next date after `now` at which an answer of
-    /// [`allows`](Verified::allows) may change.
+    /// The authority block's expiry: no copy of the token, however it was
+    /// narrowed, is valid after that second.
+    pub fn lifetime_end(&self) -> SystemTime {
+        self.lifetime_end
+    }
+
+    /// The first time after `now` at which an answer of
+    /// [`allows`](Verified::allows) may change. The token's logic sees
+    /// the time in whole seconds, so an answer can change only where the
+    /// second reaches a date the token names (`D`) or passes it (`D` plus
+    /// one second): an answer given within a token's last second changes
+    /// when that second ends, not later.
     pub fn next_change(&self, now: SystemTime) -> Option<SystemTime> {
-        self.dates.iter().copied().find(|d| *d >= now)
+        let second = Duration::from_secs(1);
+        let floor = SystemTime::UNIX_EPOCH
+            + Duration::from_secs(
+                now.duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+            );
+        self.dates
+            .iter()
+            .flat_map(|d| [*d, *d + second])
+            .filter(|b| *b > floor)
+            .min()
     }
 
     /// Whether the token lets its holder call `cap`/`verb` at `now`.

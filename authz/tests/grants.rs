@@ -610,3 +610,215 @@ fn hex_decode(s: &str) -> Vec<u8> {
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
 }
+
+/// A call in a token's last second must not be remembered as allowed past
+/// it: the answer holds until that second ends, not for a minute.
+#[test]
+fn an_answer_given_in_the_last_second_ends_with_that_second() {
+    let w = world();
+    let reg = registry();
+    let binding = Binding::new(Some(NodeId::from_bytes([1; 32])), 5);
+    let gate = Gate::default();
+    let d = Delegations::default();
+    let t = w.token();
+    d.present(w.a.0, w.verify_as(&t, &w.a.0).unwrap(), w.now)
+        .unwrap();
+    let expiry = w.now + 10 * MIN;
+    let ask = |at: SystemTime| {
+        decide_with(
+            &reg,
+            &gate,
+            &binding,
+            &w.a.0,
+            "app.jobs",
+            "run",
+            Some((&d, at)),
+        )
+    };
+    // Valid through the second its expiry names, asked (and cached) there.
+    let last = expiry + Duration::from_millis(400);
+    assert!(ask(last).is_allowed());
+    let cached = d
+        .check(&w.a.0, "app.jobs", "run", &binding, last)
+        .unwrap()
+        .unwrap();
+    assert_eq!(cached.until, expiry + Duration::from_secs(1));
+    for after in [1_000, 1_001, 2_000, 5_900, 59_000] {
+        let at = expiry + Duration::from_millis(after);
+        assert_eq!(
+            ask(at).into_result().unwrap_err().label(),
+            "grant_expired",
+            "{after} ms past the expiry"
+        );
+    }
+    // The same for a copy narrowed to an earlier expiry.
+    let soon = w.now + MIN;
+    let narrowed = narrow(
+        &t,
+        &Narrowing {
+            verbs: None,
+            expires: Some(soon),
+        },
+    )
+    .unwrap();
+    let d = Delegations::default();
+    d.present(w.a.0, w.verify_as(&narrowed, &w.a.0).unwrap(), w.now)
+        .unwrap();
+    let at = soon + Duration::from_millis(999);
+    assert!(
+        decide_with(
+            &reg,
+            &gate,
+            &binding,
+            &w.a.0,
+            "app.jobs",
+            "run",
+            Some((&d, at))
+        )
+        .is_allowed()
+    );
+    let at = soon + Duration::from_millis(1_500);
+    assert!(
+        !decide_with(
+            &reg,
+            &gate,
+            &binding,
+            &w.a.0,
+            "app.jobs",
+            "run",
+            Some((&d, at))
+        )
+        .is_allowed()
+    );
+}
+
+#[test]
+fn next_change_is_the_first_second_an_answer_can_turn() {
+    let w = world();
+    let v = w.verify_as(&w.token(), &w.a.0).unwrap();
+    let expiry = w.now + 10 * MIN;
+    assert_eq!(v.next_change(w.now), Some(expiry));
+    assert_eq!(v.next_change(expiry), Some(expiry + Duration::from_secs(1)));
+    assert_eq!(
+        v.next_change(expiry + Duration::from_millis(999)),
+        Some(expiry + Duration::from_secs(1))
+    );
+    assert_eq!(v.next_change(expiry + Duration::from_secs(1)), None);
+}
+
+/// A token whose narrowed expiry has passed is refused `expired` when it
+/// is presented (it could let nothing through), and `expires` is the
+/// earliest expiry of its blocks.
+#[test]
+fn a_token_narrowed_to_a_past_expiry_is_refused_expired() {
+    let w = world();
+    let t = w.token();
+    let soon = w.now + MIN;
+    let narrowed = narrow(
+        &t,
+        &Narrowing {
+            verbs: None,
+            expires: Some(soon),
+        },
+    )
+    .unwrap();
+    let v = w.verify_as(&narrowed, &w.a.0).unwrap();
+    assert_eq!(v.expires(), soon);
+    assert_eq!(v.lifetime_end(), w.now + 10 * MIN);
+    let later = soon + Duration::from_secs(2);
+    assert_eq!(
+        verify(&narrowed, &w.cp.public(), &w.node, 5, &w.a.0, later, |_| {
+            false
+        })
+        .unwrap_err(),
+        GrantDenied::Expired
+    );
+    // The token itself is still good then.
+    assert!(verify(&t, &w.cp.public(), &w.node, 5, &w.a.0, later, |_| false).is_ok());
+}
+
+/// Mints an authority block from datalog source, as a control plane that
+/// does not use capwire's `mint` might.
+fn mint_source(w: &World, source: &str) -> String {
+    let key = biscuit_auth::PrivateKey::from_bytes(
+        &w.cp_seed(),
+        biscuit_auth::builder::Algorithm::Ed25519,
+    )
+    .unwrap();
+    let root = KeyPair::from(&key);
+    biscuit_auth::Biscuit::builder()
+        .code(source)
+        .unwrap()
+        .build(&root)
+        .unwrap()
+        .to_base64()
+        .unwrap()
+}
+
+impl World {
+    /// The control plane's grant key seed, as `GrantKey::from_secret`
+    /// derives it (WIRE.md 5.5).
+    fn cp_seed(&self) -> Vec<u8> {
+        use blake2::Blake2sMac256;
+        use blake2::digest::{KeyInit, Mac};
+        let mut mac = <Blake2sMac256 as KeyInit>::new_from_slice(&[1; 32]).unwrap();
+        mac.update(b"capwire grant key v1");
+        mac.finalize().into_bytes().to_vec()
+    }
+}
+
+#[test]
+fn the_authority_block_holds_exactly_what_wire_md_lists() {
+    let w = world();
+    let head = format!(
+        "capwire_grant(1); node(\"{}\"); binding(5); holder(\"{}\", hex:{});",
+        w.node,
+        w.a.0,
+        hex(w.a.1.public().as_bytes())
+    );
+    let expiry = "check if time($t), $t <= 2030-03-17T18:00:00Z;";
+    let good = mint_source(
+        &w,
+        &format!("{head} right(\"app.jobs\", \"run\"); {expiry}"),
+    );
+    assert!(
+        w.verify_as(&good, &w.a.0).is_ok(),
+        "the shape WIRE.md gives"
+    );
+    for (what, source) in [
+        ("no right", format!("{head} {expiry}")),
+        (
+            "an extra fact",
+            format!("{head} right(\"app.jobs\", \"run\"); admin(true); {expiry}"),
+        ),
+        (
+            "a rule",
+            format!(
+                "{head} right(\"app.jobs\", \"run\"); right($c, \"stop\") <- right($c, \"run\"); {expiry}"
+            ),
+        ),
+        (
+            "a second check",
+            format!("{head} right(\"app.jobs\", \"run\"); {expiry} check if operation($c, $v);"),
+        ),
+        (
+            "no expiry",
+            format!("{head} right(\"app.jobs\", \"run\"); check if time($t);"),
+        ),
+        (
+            "a right of the wrong arity",
+            format!("{head} right(\"app.jobs\"); {expiry}"),
+        ),
+    ] {
+        let token = mint_source(&w, &source);
+        let refused = w.verify_as(&token, &w.a.0).unwrap_err();
+        assert!(
+            matches!(refused, GrantDenied::BadToken(_)),
+            "{what}: {refused:?}"
+        );
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

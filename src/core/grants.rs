@@ -1,4 +1,4 @@
-//! `core.grants` (protocol 2, WIRE.md 5.7): delegated rights to this
+//! `core.grants` (protocol 2, WIRE.md 5.5): delegated rights to this
 //! node's controller verbs. A holder presents a biscuit token minted by
 //! the bound control plane (`present`, bootstrap); the chokepoint then
 //! lets the holder's controller calls through as far as the token says
@@ -11,11 +11,9 @@
 //! the node's own store.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use capwire_authz::{
-    Delegations, GRANT_MAX_LIFETIME, GrantDenied, GrantKey, GrantPublicKey, MAX_REVOCATIONS, verify,
-};
+use capwire_authz::{Delegations, GrantDenied, GrantKey, GrantPublicKey, MAX_REVOCATIONS, verify};
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
 use capwire_manifest::{
     CORE_GRANTS, GrantsInfo, GrantsInfoRead, GrantsPresent, GrantsRevoke, Manifest, NoArgs,
@@ -70,7 +68,9 @@ impl std::fmt::Debug for GrantState {
 }
 
 impl GrantState {
-    /// From the node's identity secret and what the store holds.
+    /// From the node's identity secret and what the store holds. Only the
+    /// revocations made under the stored binding are kept: a token of any
+    /// other binding is refused whatever it says.
     pub(crate) fn new(
         secret: &[u8; 32],
         binding: Option<(u64, Option<&str>)>,
@@ -78,11 +78,18 @@ impl GrantState {
         now: SystemTime,
     ) -> Self {
         let now_ms = unix_ms(now);
+        let epoch = binding.map_or(0, |(e, _)| e);
         let kept: Vec<RevocationEntry> = revocations
             .map(|r| r.ids)
             .unwrap_or_default()
             .into_iter()
-            .filter(|e| e.until_ms > now_ms)
+            // Made before revocations named their binding: taken as made
+            // under the one held, which is the most they can be.
+            .map(|e| RevocationEntry {
+                epoch: Some(e.epoch.unwrap_or(epoch)),
+                ..e
+            })
+            .filter(|e| e.epoch == Some(epoch) && e.until_ms > now_ms)
             .collect();
         let controller_key = binding
             .and_then(|(epoch, key)| Some((epoch, key?.parse::<GrantPublicKey>().ok()?)))
@@ -115,19 +122,31 @@ impl GrantState {
             .map(|(_, k)| *k)
     }
 
-    /// A bind to binding `epoch` by a control plane whose manifest
-    /// advertises `key`: earlier tokens are void.
-    pub(crate) fn bound(&self, epoch: u64, key: Option<GrantPublicKey>) {
+    /// The binding moved to `epoch` (a bind, an unbind, or one undone),
+    /// with `key` as the grant key of the control plane bound now. Every
+    /// earlier token is void, so is every revocation made under an
+    /// earlier binding (it could only refuse tokens of that binding).
+    pub(crate) fn moved(&self, epoch: u64, key: Option<GrantPublicKey>) {
         let mut keys = lock(&self.controller_key);
         keys.retain(|(e, _)| *e != epoch);
         if let Some(k) = key {
             keys.push((epoch, k));
         }
+        // The newest two: a bind that is undone goes back to the one
+        // before it.
         while keys.len() > 2 {
             keys.remove(0);
         }
         drop(keys);
         self.delegations.clear();
+        let gone: Vec<Vec<u8>> = {
+            let mut kept = lock(&self.revocations);
+            let (keep, gone): (Vec<_>, Vec<_>) =
+                kept.drain(..).partition(|e| e.epoch == Some(epoch));
+            *kept = keep;
+            gone.into_iter().map(|e| e.id).collect()
+        };
+        self.delegations.forget_revocations(&gone);
     }
 
     fn info(&self, epoch: u64) -> GrantsInfo {
@@ -219,23 +238,36 @@ async fn revoke(args: RevokeArgs, Core(core): Core) -> Result<GrantsInfo, Handle
     let _durable = core.durable.lock().await;
     let now = SystemTime::now();
     let now_ms = unix_ms(now);
+    let epoch = core.control.binding().epoch();
+    // Kept while the binding lasts: every token it could refuse names
+    // this binding. When the node holds a token it refuses, no copy of
+    // that token outlives its authority block's expiry, nor the
+    // revocation.
+    let until_ms = grants
+        .delegations
+        .lifetime_of(&id)
+        .map_or(u64::MAX, unix_ms);
     let (mut kept, forgotten): (Vec<RevocationEntry>, Vec<RevocationEntry>) =
         lock(&grants.revocations)
             .iter()
             .cloned()
-            .partition(|e| e.until_ms > now_ms);
+            .partition(|e| e.epoch == Some(epoch) && e.until_ms > now_ms);
     let forgotten: Vec<Vec<u8>> = forgotten.into_iter().map(|e| e.id).collect();
-    if !kept.iter().any(|e| e.id == id) {
-        if kept.len() >= MAX_REVOCATIONS {
-            return Err(HandlerError::new(
-                ErrorCode::Overloaded,
-                "the node keeps at most 10000 revocations; rebind to void every token",
-            ));
+    match kept.iter_mut().find(|e| e.id == id) {
+        Some(e) => e.until_ms = e.until_ms.max(until_ms),
+        None => {
+            if kept.len() >= MAX_REVOCATIONS {
+                return Err(HandlerError::new(
+                    ErrorCode::Overloaded,
+                    "the node keeps at most 10000 revocations; rebind to void every token",
+                ));
+            }
+            kept.push(RevocationEntry {
+                id: id.clone(),
+                epoch: Some(epoch),
+                until_ms,
+            });
         }
-        kept.push(RevocationEntry {
-            id: id.clone(),
-            until_ms: unix_ms(now + GRANT_MAX_LIFETIME + Duration::from_secs(60)),
-        });
     }
     // Written before it is answered; in effect at once after.
     core.commit(Batch {
@@ -249,6 +281,8 @@ async fn revoke(args: RevokeArgs, Core(core): Core) -> Result<GrantsInfo, Handle
         .delegations
         .revoke(id)
         .map_err(|e| HandlerError::new(ErrorCode::Overloaded, e.to_string()))?;
+    // Streams and tasks the token let through stop now.
+    core.control.authorities().changed();
     Ok(grants.info(core.control.binding().epoch()))
 }
 

@@ -121,13 +121,9 @@ async fn bind(
             Refused::Failed(f) => HandlerError::from(f.error_body()),
             Refused::Check(body) => HandlerError::from(body),
         })?;
-    core.tap.set_controller(Some(from));
     // The control plane's grant key, from the manifest it advertises on
     // this authenticated session, is kept with the binding.
-    core.grants.bound(
-        core.control.binding().epoch(),
-        core.advertised_grant_key(&from),
-    );
+    core.binding_moved(core.advertised_grant_key(&from));
     let c = core.clone();
     core.detached(async move {
         let mut d = c.durable.lock().await;
@@ -143,9 +139,7 @@ async fn bind(
         };
         if completed.is_err() {
             // Not written, or not answerable: not bound.
-            c.control.undo_bind(undo, now());
-            c.tap
-                .set_controller(c.control.binding().controller().copied());
+            c.undo_binding(undo);
         }
         completed
     })
@@ -155,7 +149,7 @@ async fn bind(
 async fn disable(_args: NoArgs, Core(core): Core) -> Result<(), HandlerError> {
     // Unbound at once: envelopes queued behind this one see it.
     let undo = core.control.unbind(now()).map(|(_, undo)| undo);
-    core.tap.set_controller(None);
+    core.binding_moved(None);
     let c = core.clone();
     core.detached(async move {
         let mut d = c.durable.lock().await;
@@ -192,7 +186,7 @@ impl CoreState {
         let Some((previous, undo)) = self.control.unbind(now()) else {
             return Ok(None);
         };
-        self.tap.set_controller(None);
+        self.binding_moved(None);
         let mut d = self.durable.lock().await;
         self.save_unbinding(&mut d, Some(undo)).await?;
         Ok(Some(previous))
@@ -209,11 +203,33 @@ impl CoreState {
         if saved.is_err()
             && let Some(undo) = undo
         {
-            self.control.undo_bind(undo, now());
-            self.tap
-                .set_controller(self.control.binding().controller().copied());
+            self.undo_binding(undo);
         }
         saved
+    }
+
+    /// What follows every change of the binding: monitoring copies go to
+    /// the control plane bound now, and the grant state follows it (`key`
+    /// is its grant key; every earlier token and revocation is void).
+    fn binding_moved(&self, key: Option<capwire_authz::GrantPublicKey>) {
+        let binding = self.control.binding();
+        self.tap.set_controller(binding.controller().copied());
+        self.grants.moved(binding.epoch(), key);
+    }
+
+    /// Undoes a binding change that could not be completed: the control
+    /// plane bound before it is bound again (under a new epoch), with the
+    /// grant key its own bind took, so that it can mint again.
+    fn undo_binding(&self, undo: BindUndo) {
+        if !self.control.undo_bind(undo, now()) {
+            return;
+        }
+        let binding = self.control.binding();
+        // Its epoch before the change that was undone: two epochs back.
+        let key = binding
+            .controller()
+            .and_then(|_| self.grants.controller_key(binding.epoch().wrapping_sub(2)));
+        self.binding_moved(key);
     }
 }
 

@@ -27,6 +27,8 @@ const PAGE: u32 = 50;
 const MAX_PAGE: u32 = 200;
 /// Events read from the store at a time for a subscriber.
 const EVENTS_AT_ONCE: usize = 64;
+/// Task infos read from the store at a time for a page of `list`.
+const INFOS_AT_ONCE: usize = 8;
 /// Room kept in an answer for its envelope and the page's `next`.
 const ANSWER_SLACK: usize = 512;
 
@@ -91,29 +93,38 @@ async fn list(
             && args.cap.as_deref().is_none_or(|c| r.cap == c)
             && args.verb.as_deref().is_none_or(|v| r.verb == v)
     });
-    let infos = service.infos(records).await?;
     // The page ends early where the answer would outgrow what the caller
-    // takes in one frame; `next` then starts after the last one kept.
+    // takes in one frame; `next` then starts after the last one kept. The
+    // infos (each with up to three bodies) are read a few at a time, and
+    // reading stops there: what one answer holds in memory is bounded by
+    // the frame, not by `limit` times the largest info.
     let room = channel.reply_room.saturating_sub(ANSWER_SLACK);
     let mut used = 0usize;
-    let mut tasks = Vec::with_capacity(infos.len());
-    let total = infos.len();
-    for info in infos {
-        let len = capwire_envelope::to_vec(&info).map_or(usize::MAX, |b| b.len());
-        if used.saturating_add(len) > room {
-            if tasks.is_empty() {
-                // Alone too large for one answer: the page is empty, and
-                // `next` goes on after it (get it alone), so paging never
-                // stops at it.
-                return Ok(TaskList {
-                    tasks,
-                    next: Some(info.task),
-                });
-            }
+    let mut tasks = Vec::new();
+    let total = records.len();
+    let mut records = records.into_iter();
+    'page: loop {
+        let chunk: Vec<_> = records.by_ref().take(INFOS_AT_ONCE).collect();
+        if chunk.is_empty() {
             break;
         }
-        used += len;
-        tasks.push(info);
+        for info in service.infos(chunk).await? {
+            let len = capwire_envelope::to_vec(&info).map_or(usize::MAX, |b| b.len());
+            if used.saturating_add(len) > room {
+                if tasks.is_empty() {
+                    // Alone too large for one answer: the page is empty,
+                    // and `next` goes on after it (get it alone), so
+                    // paging never stops at it.
+                    return Ok(TaskList {
+                        tasks,
+                        next: Some(info.task),
+                    });
+                }
+                break 'page;
+            }
+            used += len;
+            tasks.push(info);
+        }
     }
     if tasks.len() < total {
         next = tasks.last().and_then(|i| TaskId::parse(&i.task));
@@ -126,7 +137,9 @@ async fn list(
 
 /// Sends the events of task `id` from `args.from` on, then each new one
 /// as it is written, until the task's final event (then the stream ends
-/// well), for as long as the caller may see the task.
+/// well), for as long as the caller may see the task: a control plane
+/// that is unbound meanwhile gets `not_found` at once, and no event after
+/// the unbind.
 async fn subscribe(
     args: SubscribeArgs,
     mut items: Items<TaskEvent>,
@@ -137,8 +150,26 @@ async fn subscribe(
     let mut next = args.from.unwrap_or(1).max(1);
     // Only a task the caller may see gets a watcher: ids that do not
     // exist leave nothing behind.
-    service.visible(&id, &who).ok_or_else(not_found)?;
+    let sight = service.sight(&id, &who)?;
+    if let Some(held) = &sight {
+        items.hold(held.clone());
+    }
+    let lost = async {
+        match &sight {
+            Some(held) => drop(held.lost().await),
+            None => std::future::pending().await,
+        }
+    };
+    let mut lost = pin!(lost);
     let watcher = service.watcher(id);
+    // Refused for want of sight: the caller is told what it would be told
+    // of a task it cannot see.
+    let sent = |r: Result<(), crate::stream::StreamClosed>| {
+        r.map_err(|e| match e {
+            crate::stream::StreamClosed::Unauthorized => not_found(),
+            e => HandlerError::from(e),
+        })
+    };
     loop {
         // Registered before the store is read, so an event written
         // meanwhile wakes this loop.
@@ -156,7 +187,7 @@ async fn subscribe(
             };
             for e in events {
                 let end = e.state.is_final();
-                items.send(wire_event(e)).await?;
+                sent(items.send(wire_event(e)).await)?;
                 if end {
                     return Ok(());
                 }
@@ -167,7 +198,10 @@ async fn subscribe(
         if record.state.is_final() {
             return Ok(());
         }
-        woken.await;
+        tokio::select! {
+            () = &mut woken => {}
+            () = &mut lost => return Err(not_found()),
+        }
     }
 }
 
@@ -232,10 +266,11 @@ pub(crate) fn capability() -> capwire_manifest::Capability<RouteHandler> {
 const PUSH_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Pushes the node's task state changes to its bound control plane
-/// (`core.tasks/changed`), in order, until `stop`. With no control plane
-/// bound they are dropped; a push that cannot be delivered in time is
-/// dropped too (the next one says how many were missed only when the
-/// queue overflowed: a control plane that must not miss any lists).
+/// (`core.tasks/changed`), in order, until `stop`. A push that is not
+/// delivered (no control plane bound, one that speaks protocol 1, the
+/// binding changed, no session or no room within the deadline) is
+/// counted in the next one's `dropped`, as are those the full queue left
+/// out: a control plane that sees `dropped` above 0 lists.
 pub(crate) async fn push_loop(
     core: Arc<CoreState>,
     service: Arc<TaskService>,
@@ -250,6 +285,7 @@ pub(crate) async fn push_loop(
         };
         let binding = core.control.binding();
         let Some(cp) = binding.controller().copied() else {
+            service.undelivered(&change);
             continue;
         };
         let peer = core.handle.peer(cp);
@@ -261,7 +297,7 @@ pub(crate) async fn push_loop(
                 return Ok(false);
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            peer.notify_if(TasksChanged, change, left, || {
+            peer.notify_if(TasksChanged, change.clone(), left, || {
                 core.control.binding().epoch() == binding.epoch()
             })
             .await
@@ -270,8 +306,14 @@ pub(crate) async fn push_loop(
             () = stop.cancelled() => return,
             sent = send => match sent {
                 Ok(true) => {}
-                Ok(false) => tracing::debug!("task push not sent: the binding changed, or the control plane speaks protocol 1"),
-                Err(e) => tracing::debug!(error = %e, "task push not delivered"),
+                Ok(false) => {
+                    tracing::debug!("task push not sent: the binding changed, or the control plane speaks protocol 1");
+                    service.undelivered(&change);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "task push not delivered");
+                    service.undelivered(&change);
+                }
             }
         }
     }

@@ -66,6 +66,9 @@ pub struct Context {
     pub(crate) channel: Channel,
     /// For a job serving a stream: where its items go.
     pub(crate) stream: Option<crate::net::streams::Served>,
+    /// For a controller verb: the authority it was admitted on, which a
+    /// task it submits keeps while it runs.
+    pub(crate) authority: Option<Arc<crate::dispatch::authority::Authority>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -95,6 +98,7 @@ impl Context {
             cancel: None,
             channel: origin.channel,
             stream: None,
+            authority: None,
         }
     }
 

@@ -447,18 +447,26 @@ where
 /// A typed task handler `H` of verb `V`, erased. Starting it submits the
 /// task (written before the answer) and answers its id; the handler runs
 /// afterwards, on the task service.
-pub(crate) struct TaskTyped<V, M, H> {
+pub(crate) struct TaskTyped<V: TaskVerb, M, H> {
     handler: H,
     /// Run again after a restart (else the task fails `interrupted`).
     resumable: bool,
+    /// Refuses args before the task is written.
+    check: Option<TaskArgsCheck<V>>,
     _marker: PhantomData<fn() -> (V, M)>,
 }
 
-impl<V, M, H> TaskTyped<V, M, H> {
-    pub(crate) fn new(handler: H, resumable: bool) -> Self {
+/// A task verb's own check of its decoded args, run before the task is
+/// written.
+pub(crate) type TaskArgsCheck<V> =
+    Arc<dyn Fn(&<V as VerbDef>::Args) -> Result<(), HandlerError> + Send + Sync>;
+
+impl<V: TaskVerb, M, H> TaskTyped<V, M, H> {
+    pub(crate) fn new(handler: H, resumable: bool, check: Option<TaskArgsCheck<V>>) -> Self {
         Self {
             handler,
             resumable,
+            check,
             _marker: PhantomData,
         }
     }
@@ -495,8 +503,12 @@ where
         args: &RawValue,
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
-        // Args that do not decode are refused before a task exists.
+        // Args that do not decode, or that the verb's own check refuses,
+        // are refused before a task exists.
         let decoded: V::Args = args.decode()?;
+        if let Some(Err(e)) = self.check.as_ref().map(|check| check(&decoded)) {
+            return Ok(fail_now(e));
+        }
         Ok(submit_task(cx, V::CAP, V::VERB, args, |origin| {
             self.starter(decoded, origin)
         }))
@@ -540,9 +552,10 @@ pub(crate) fn submit_task(
     let bytes = args.as_bytes().to_vec();
     let (sender, req_id) = (cx.sender, cx.req_id.as_str().to_owned());
     let (cap, verb) = (cap.into(), verb.into());
+    let authority = cx.authority.clone();
     Box::pin(async move {
         let submitted = service
-            .submit(sender, req_id, &cap, &verb, bytes, start)
+            .submit(sender, req_id, &cap, &verb, bytes, start, authority)
             .await?;
         RawValue::encode(&submitted).map_err(|e| {
             HandlerError::new(

@@ -50,6 +50,13 @@ impl Finished {
         Self::err(ErrorCode::Internal, "the handler panicked", Outcome::Failed)
     }
 
+    fn unauthorized(why: &capwire_authz::DenyReason) -> Self {
+        Self {
+            result: Err(why.error_body()),
+            outcome: Outcome::Unauthorized,
+        }
+    }
+
     pub(crate) fn cancelled() -> Self {
         Self::err(
             ErrorCode::Cancelled,
@@ -104,6 +111,14 @@ pub(crate) fn start(
         ));
     }
     let deadline = tokio::time::Instant::from_std(job.deadline);
+    // Work a controller verb starts holds the authority it was admitted
+    // on: a stream asks it before each item and ends when it is gone.
+    let authority = dispatcher.authorities().of_permit(&job.permit);
+    let stream = stream.map(|mut s| {
+        s.authority.clone_from(&authority);
+        s
+    });
+    let serves_stream = stream.is_some();
     let mut cx = Context {
         sender,
         req_id: job.req_id.clone(),
@@ -113,6 +128,7 @@ pub(crate) fn start(
         cancel: None,
         channel,
         stream,
+        authority: authority.clone(),
     };
     let handler = job.permit.handler().handler();
     let mut future = match catch_unwind(AssertUnwindSafe(|| handler.start(&job.args, &mut cx))) {
@@ -132,16 +148,34 @@ pub(crate) fn start(
         Ok(Poll::Pending) => {
             let token = cx.cancel.take().unwrap_or_else(|| parent.child_token());
             let watch = token.clone();
+            // A stream runs only while the authority that opened it holds
+            // (a request that started runs to its answer).
+            let held = authority.filter(|_| serves_stream);
             let rest = async move {
+                let lost = async {
+                    match &held {
+                        Some(a) => a.lost().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 // A cancel wins over what the handler made of it: a stream
                 // handler whose session ended sees its items refused in the
                 // same wake-up as the cancel, and that is a cancelled call,
-                // not a failed one.
+                // not a failed one. So does the end of its authority.
                 tokio::select! {
                     biased;
                     () = watch.cancelled() => Finished::cancelled(),
+                    why = lost, if held.is_some() => {
+                        watch.cancel();
+                        Finished::unauthorized(&why)
+                    }
                     r = AssertUnwindSafe(future).catch_unwind() => match r {
                         Ok(Err(_)) if watch.is_cancelled() => Finished::cancelled(),
+                        Ok(Err(e)) => match held.as_ref().map(|a| a.check()) {
+                            // Its items were refused for it.
+                            Some(Err(why)) => Finished::unauthorized(&why),
+                            _ => Finished::from_handler(Err(e)),
+                        },
                         Ok(r) => Finished::from_handler(r),
                         Err(panic) => Finished::panicked(panic.as_ref()),
                     },

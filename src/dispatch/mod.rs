@@ -13,6 +13,7 @@
 //! Nothing here does I/O: the session core calls `admit`, the connection
 //! driver runs the job.
 
+pub(crate) mod authority;
 pub(crate) mod error;
 pub(crate) mod extract;
 pub(crate) mod handler;
@@ -35,6 +36,7 @@ use capwire_manifest::{DeclaredClass, Registry, VerbKind};
 use crate::proto::ledger::{Check, Ledger, Partition};
 use crate::proto::session::{Admission, Admit, Work};
 use crate::tap::{Tap, Way};
+use authority::Authorities;
 use extract::Extensions;
 use handler::RouteHandler;
 use metrics::{Metrics, Outcome};
@@ -119,6 +121,8 @@ pub(crate) struct Dispatcher {
     tap: Arc<Tap>,
     /// The tokens presented to the node (`core.grants`).
     delegations: Arc<Delegations>,
+    /// What running work holds its authority from.
+    authorities: Arc<Authorities>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -152,6 +156,7 @@ impl Dispatcher {
         max_handler_time: Duration,
         tap: Arc<Tap>,
         delegations: Arc<Delegations>,
+        authorities: Arc<Authorities>,
     ) -> Result<Self, String> {
         for (i, route) in registry.routes().enumerate() {
             let entry = route.dangerous_handler();
@@ -175,7 +180,12 @@ impl Dispatcher {
             shutting_down: AtomicBool::new(false),
             tap,
             delegations,
+            authorities,
         })
+    }
+
+    pub(crate) fn authorities(&self) -> &Arc<Authorities> {
+        &self.authorities
     }
 
     pub(crate) fn binding(&self) -> &SharedBinding {
@@ -223,6 +233,27 @@ impl Admission for Dispatcher {
         version: u32,
     ) -> Admit<Job> {
         let notification = c.req_id.is_fire_and_forget();
+        // A version-1 peer is not shown what exists for protocol 2 alone
+        // (stream and task verbs, `core.tasks`, `core.grants`): for it
+        // there is no such verb, whoever it is, so this comes before the
+        // controller gate (which would tell it the verb exists).
+        if version < capwire_envelope::PROTOCOL_V2
+            && let Some(route) = self.registry.lookup(c.cap, c.verb)
+            && (route.info().kind().since() > version
+                || capwire_manifest::is_protocol_2_capability(c.cap))
+        {
+            self.tap.record(Way::In, sender, record, None);
+            self.metrics
+                .count(route.dangerous_handler().index(), Outcome::WrongKind);
+            return if notification {
+                Admit::Drop
+            } else {
+                Admit::Answer(ErrorBody::new(
+                    ErrorCode::UnknownVerb,
+                    "the capability has no verb with this exact name",
+                ))
+            };
+        }
         let binding = self.binding.snapshot();
         let mut decision = decide(&self.registry, &self.gate, &binding, sender, c.cap, c.verb);
         // A controller verb from a sender that is not the control plane:
@@ -280,22 +311,6 @@ impl Admission for Dispatcher {
         };
         let route = permit.handler().index();
         let kind = permit.info().kind();
-        // A version-1 peer is not shown what exists for protocol 2 alone
-        // (stream and task verbs, `core.tasks`): for it there is no such
-        // verb, and it is told so in the chokepoint's words.
-        if version < capwire_envelope::PROTOCOL_V2
-            && (kind.since() > version || capwire_manifest::is_protocol_2_capability(c.cap))
-        {
-            self.metrics.count(route, Outcome::WrongKind);
-            return if notification {
-                Admit::Drop
-            } else {
-                Admit::Answer(ErrorBody::new(
-                    ErrorCode::UnknownVerb,
-                    "the capability has no verb with this exact name",
-                ))
-            };
-        }
         match (kind, notification) {
             (VerbKind::Request | VerbKind::Stream | VerbKind::Task, true) => {
                 // No req_id to answer on; refused and counted.
@@ -336,50 +351,54 @@ impl Admission for Dispatcher {
         let mut ledger = part
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (outcome, answer) = match ledger.check(&c.req_id, route, binding.epoch(), now, begin) {
-            Check::Replay(frame) => {
-                self.metrics.count(route, Outcome::Replayed);
-                return Admit::Replay(frame);
-            }
-            Check::Running => (
-                Outcome::Duplicate,
-                "a request with this req_id is still running",
-            ),
-            Check::OtherVerb => (Outcome::Duplicate, "this req_id was used for another verb"),
-            Check::Forgotten => (
-                Outcome::Duplicate,
-                "a request with this req_id was already answered",
-            ),
-            Check::Full => (
-                Outcome::Overloaded,
-                "this sender's replay quota is used up; retry later",
-            ),
-            Check::New if shutting_down => {
-                self.metrics.count(route, Outcome::Cancelled);
-                return Admit::Answer(ErrorBody::new(
-                    ErrorCode::Cancelled,
-                    "cancelled: the node is shutting down",
-                ));
-            }
-            Check::New if !room => (Outcome::Overloaded, "too many requests in flight"),
-            Check::New => {
-                // Nothing could finish in no time: not run, not recorded.
-                self.metrics.count(route, Outcome::Cancelled);
-                return Admit::Answer(ErrorBody::new(
-                    ErrorCode::Timeout,
-                    "the request came with a budget of 0 ms",
-                ));
-            }
-            Check::Begun => {
-                return Admit::Run(Job {
-                    permit,
-                    req_id: c.req_id.clone(),
-                    args,
-                    deadline: deadline(now, c.budget_ms, self.max_handler_time),
-                    stream,
-                });
-            }
-        };
+        // A task submit whose answer the ledger released goes on to the
+        // task service, which finds its task by (sender, req_id) and verb.
+        let keyed = kind == VerbKind::Task;
+        let (outcome, answer) =
+            match ledger.check(&c.req_id, route, binding.epoch(), now, begin, keyed) {
+                Check::Replay(frame) => {
+                    self.metrics.count(route, Outcome::Replayed);
+                    return Admit::Replay(frame);
+                }
+                Check::Running => (
+                    Outcome::Duplicate,
+                    "a request with this req_id is still running",
+                ),
+                Check::OtherVerb => (Outcome::Duplicate, "this req_id was used for another verb"),
+                Check::Forgotten => (
+                    Outcome::Duplicate,
+                    "a request with this req_id was already answered",
+                ),
+                Check::Full => (
+                    Outcome::Overloaded,
+                    "this sender's replay quota is used up; retry later",
+                ),
+                Check::New if shutting_down => {
+                    self.metrics.count(route, Outcome::Cancelled);
+                    return Admit::Answer(ErrorBody::new(
+                        ErrorCode::Cancelled,
+                        "cancelled: the node is shutting down",
+                    ));
+                }
+                Check::New if !room => (Outcome::Overloaded, "too many requests in flight"),
+                Check::New => {
+                    // Nothing could finish in no time: not run, not recorded.
+                    self.metrics.count(route, Outcome::Cancelled);
+                    return Admit::Answer(ErrorBody::new(
+                        ErrorCode::Timeout,
+                        "the request came with a budget of 0 ms",
+                    ));
+                }
+                Check::Begun => {
+                    return Admit::Run(Job {
+                        permit,
+                        req_id: c.req_id.clone(),
+                        args,
+                        deadline: deadline(now, c.budget_ms, self.max_handler_time),
+                        stream,
+                    });
+                }
+            };
         self.metrics.count(route, outcome);
         let code = if outcome == Outcome::Overloaded {
             ErrorCode::Overloaded

@@ -493,6 +493,7 @@ impl Driver {
                                 credit,
                                 idle: self.env.timing.stream_idle,
                                 counters: self.env.streams.clone(),
+                                authority: None,
                             }
                         });
                         let started = job::start(

@@ -457,16 +457,24 @@ impl Session {
     /// `Ok(true)` when the send queue has a backlog (a producer in a loop
     /// should let the writer run).
     ///
+    /// `holds` is asked under the session's lock, so an item is never
+    /// queued behind an answer sent after what made `holds` false.
+    ///
     /// # Errors
     /// Why it cannot go now ([`ItemRefused::NoCredit`],
-    /// [`ItemRefused::Full`]: wait and try again) or ever.
+    /// [`ItemRefused::Full`]: wait and try again; [`ItemRefused::Unauthorized`]
+    /// when `holds` said no) or ever.
     pub(crate) fn send_item(
         &self,
         req_id: &ReqId,
         frame: &Bytes,
         len: usize,
+        holds: impl FnOnce() -> bool,
     ) -> Result<bool, ItemRefused> {
         let mut state = self.state();
+        if !holds() {
+            return Err(ItemRefused::Unauthorized);
+        }
         state.core.send_item(req_id, frame.clone(), len)?;
         let backlog = state.core.queued_bytes() >= YIELD_BACKLOG;
         drop(state);

@@ -28,6 +28,9 @@ pub(crate) struct Served {
     pub(crate) idle: Duration,
     /// The node's stream counters.
     pub(crate) counters: Arc<crate::stats::StreamCounters>,
+    /// For a stream of a controller verb: the authority it was opened on,
+    /// asked before each item.
+    pub(crate) authority: Option<Arc<crate::dispatch::authority::Authority>>,
 }
 
 /// What the consumer of a stream gets next.

@@ -14,7 +14,8 @@ use crate::addr::Addr;
 use crate::config::Limits;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{
-    Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, TaskHandler, TaskTyped, Typed,
+    Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, TaskArgsCheck, TaskHandler,
+    TaskTyped, Typed,
 };
 use crate::dispatch::raw::{ArgsCheck, Raw, RawStream, RawTask, RawVerb};
 use crate::error::NodeError;
@@ -383,7 +384,7 @@ impl Capability {
         M: Send + Sync + 'static,
         H: TaskHandler<V, M>,
     {
-        self.add_task(verb, handler, false)
+        self.add_task(verb, handler, false, None)
     }
 
     /// As [`Capability::task`], but a task that had not ended when the
@@ -398,10 +399,70 @@ impl Capability {
         M: Send + Sync + 'static,
         H: TaskHandler<V, M>,
     {
-        self.add_task(verb, handler, true)
+        self.add_task(verb, handler, true, None)
     }
 
-    fn add_task<V, M, H>(mut self, _verb: V, handler: H, resumable: bool) -> Self
+    /// As [`Capability::task`], with `check` run on the decoded args before
+    /// the task is written: the bounds of the verb's own that its type
+    /// cannot say. An error it returns (`bad_args`, say) answers the
+    /// submit, and no task exists. A submit sent again is checked again
+    /// (and then finds its task).
+    ///
+    /// ```
+    /// use capwire::{Capability, HandlerError, Task};
+    /// use capwire::envelope::ErrorCode;
+    /// use capwire::manifest::verb;
+    ///
+    /// verb! { pub struct Count: task "app.count" / "upto", Bootstrap, u32 => u32; }
+    ///
+    /// fn at_most_a_thousand(upto: &u32) -> Result<(), HandlerError> {
+    ///     if *upto > 1000 {
+    ///         return Err(HandlerError::new(ErrorCode::BadArgs, "at most 1000"));
+    ///     }
+    ///     Ok(())
+    /// }
+    ///
+    /// async fn count(upto: u32, task: Task) -> Result<u32, HandlerError> {
+    ///     for n in 1..=upto {
+    ///         task.progress(&n).await?;
+    ///     }
+    ///     Ok(upto)
+    /// }
+    ///
+    /// let cap = Capability::new("app.count", "1.0.0")
+    ///     .unwrap()
+    ///     .task_checked(Count, at_most_a_thousand, count);
+    /// # let _ = cap;
+    /// ```
+    pub fn task_checked<V, M, H, C>(self, verb: V, check: C, handler: H) -> Self
+    where
+        V: capwire_manifest::TaskVerb,
+        M: Send + Sync + 'static,
+        H: TaskHandler<V, M>,
+        C: Fn(&V::Args) -> Result<(), crate::HandlerError> + Send + Sync + 'static,
+    {
+        self.add_task(verb, handler, false, Some(Arc::new(check)))
+    }
+
+    /// [`Capability::resumable_task`] with the args check of
+    /// [`Capability::task_checked`].
+    pub fn resumable_task_checked<V, M, H, C>(self, verb: V, check: C, handler: H) -> Self
+    where
+        V: capwire_manifest::TaskVerb,
+        M: Send + Sync + 'static,
+        H: TaskHandler<V, M>,
+        C: Fn(&V::Args) -> Result<(), crate::HandlerError> + Send + Sync + 'static,
+    {
+        self.add_task(verb, handler, true, Some(Arc::new(check)))
+    }
+
+    fn add_task<V, M, H>(
+        mut self,
+        _verb: V,
+        handler: H,
+        resumable: bool,
+        check: Option<TaskArgsCheck<V>>,
+    ) -> Self
     where
         V: capwire_manifest::TaskVerb,
         M: Send + Sync + 'static,
@@ -410,7 +471,7 @@ impl Capability {
         // Durable: a repeated submit finds its task by (sender, req_id) in
         // the task table, so the ledger keeps no answer of the runtime's.
         let route: RouteHandler = Arc::new(RouteEntry::durable(TaskTyped::<V, M, H>::new(
-            handler, resumable,
+            handler, resumable, check,
         )));
         self.inner = self.inner.verb::<V>(route);
         self

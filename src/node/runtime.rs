@@ -35,6 +35,7 @@ use crate::core::{
     cluster, configuration, connect, grants as core_grants, protocol, tasks as core_tasks,
 };
 use crate::dispatch::Dispatcher;
+use crate::dispatch::authority::Authorities;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::RouteHandler;
 use crate::error::NodeError;
@@ -259,12 +260,17 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         Some(a) => Gate::from_arc(a),
         None => Gate::default(),
     };
+    let authorities = Arc::new(Authorities::new(
+        binding.clone(),
+        grants.delegations.clone(),
+    ));
     let control = Arc::new(Control::new(
         binding.clone(),
         tracker_state,
         registry.clone(),
         peers.clone(),
         wire_limits,
+        authorities.clone(),
     ));
     let handle = NodeHandle::new(
         id,
@@ -307,6 +313,11 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         },
         control.clone(),
     ));
+    // Capacity for tasks is kept for the control plane and contacts.
+    let contacts = Arc::downgrade(&peers);
+    tasks.set_priority(Box::new(move |id| {
+        contacts.upgrade().is_some_and(|p| p.is_contact(id))
+    }));
     let (core, expired_answers) = CoreState::new(
         id,
         store,
@@ -349,6 +360,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             limits.max_handler_time,
             tap,
             grants.delegations.clone(),
+            authorities,
         )
         .map_err(NodeError::Config)?,
     );

@@ -334,7 +334,10 @@ impl SenderLedger {
 
     /// Looks up `req_id` for a request to `route`, under binding epoch
     /// `binding_epoch`; with `begin`, a request not known is recorded as
-    /// running at once ([`Check::Begun`]). Expires old entries first.
+    /// running at once ([`Check::Begun`]). With `keyed` (the route's
+    /// handler finds a repeat by its own durable key, as a task submit
+    /// finds its task), a request whose response was released is taken
+    /// as not known: the handler answers it. Expires old entries first.
     pub(crate) fn check(
         &mut self,
         req_id: &ReqId,
@@ -342,6 +345,7 @@ impl SenderLedger {
         binding_epoch: u64,
         now: Instant,
         begin: bool,
+        keyed: bool,
     ) -> Check {
         use std::collections::hash_map::Entry as Slot;
         self.expire(now);
@@ -383,7 +387,7 @@ impl SenderLedger {
                 }
             },
             Slot::Vacant(v) => {
-                if self.forgotten.contains(req_id) {
+                if !keyed && self.forgotten.contains(req_id) {
                     return Check::Forgotten;
                 }
                 v
@@ -710,7 +714,11 @@ mod tests {
     }
 
     fn run(p: &mut SenderLedger, req: &ReqId, response: &'static [u8], now: Instant) {
-        assert_eq!(p.check(req, ROUTE, 0, now, false), Check::New, "{req:?}");
+        assert_eq!(
+            p.check(req, ROUTE, 0, now, false, false),
+            Check::New,
+            "{req:?}"
+        );
         p.begin(req, ROUTE);
         p.complete(req, ROUTE, None, Bytes::from_static(response), now);
     }
@@ -722,32 +730,32 @@ mod tests {
         let b = ledger.partition(NodeId::from_bytes([2; 32]));
         let t = Instant::now();
         let mut a = a.lock().unwrap();
-        assert_eq!(a.check(&id(1), ROUTE, 0, t, false), Check::New);
+        assert_eq!(a.check(&id(1), ROUTE, 0, t, false, false), Check::New);
         a.begin(&id(1), ROUTE);
-        assert_eq!(a.check(&id(1), ROUTE, 0, t, false), Check::Running);
-        assert_eq!(a.check(&id(1), 2, 0, t, false), Check::OtherVerb);
+        assert_eq!(a.check(&id(1), ROUTE, 0, t, false, false), Check::Running);
+        assert_eq!(a.check(&id(1), 2, 0, t, false, false), Check::OtherVerb);
         // Another sender with the same req_id is independent.
         assert_eq!(
-            b.lock().unwrap().check(&id(1), ROUTE, 0, t, false),
+            b.lock().unwrap().check(&id(1), ROUTE, 0, t, false, false),
             Check::New
         );
         a.complete(&id(1), ROUTE, None, Bytes::from_static(b"resp"), t);
         assert_eq!(
-            a.check(&id(1), ROUTE, 0, t, false),
+            a.check(&id(1), ROUTE, 0, t, false, false),
             Check::Replay(Bytes::from_static(b"resp"))
         );
         assert_eq!(
-            a.check(&id(1), 2, 0, t, false),
+            a.check(&id(1), 2, 0, t, false, false),
             Check::OtherVerb,
             "never another verb's result"
         );
         assert_eq!(a.running(), 0);
         a.abandon(&id(9));
-        assert_eq!(a.check(&id(9), ROUTE, 0, t, false), Check::New);
+        assert_eq!(a.check(&id(9), ROUTE, 0, t, false, false), Check::New);
         a.begin(&id(9), ROUTE);
         a.abandon(&id(9));
         assert_eq!(
-            a.check(&id(9), ROUTE, 0, t, false),
+            a.check(&id(9), ROUTE, 0, t, false, false),
             Check::New,
             "abandoned leaves no trace"
         );
@@ -759,15 +767,15 @@ mod tests {
         let p = ledger.partition(NodeId::from_bytes([1; 32]));
         let mut p = p.lock().unwrap();
         let t = Instant::now();
-        assert_eq!(p.check(&id(5), ROUTE, 3, t, false), Check::New);
+        assert_eq!(p.check(&id(5), ROUTE, 3, t, false, false), Check::New);
         p.begin(&id(5), ROUTE);
         p.complete(&id(5), ROUTE, Some(3), Bytes::from_static(b"ok"), t);
         assert!(matches!(
-            p.check(&id(5), ROUTE, 3, t, false),
+            p.check(&id(5), ROUTE, 3, t, false, false),
             Check::Replay(_)
         ));
-        assert_eq!(p.check(&id(5), 7, 4, t, false), Check::OtherVerb);
-        assert_eq!(p.check(&id(5), ROUTE, 4, t, false), Check::New);
+        assert_eq!(p.check(&id(5), 7, 4, t, false, false), Check::OtherVerb);
+        assert_eq!(p.check(&id(5), ROUTE, 4, t, false, false), Check::New);
     }
 
     #[test]
@@ -789,7 +797,7 @@ mod tests {
             // Until the flooder is refused.
             loop {
                 let r = named(&format!("x{n}"));
-                match f.check(&r, ROUTE, 0, t, false) {
+                match f.check(&r, ROUTE, 0, t, false, false) {
                     Check::New => {
                         f.begin(&r, ROUTE);
                         f.complete(&r, ROUTE, None, Bytes::from_static(b"no_pending"), t);
@@ -802,13 +810,16 @@ mod tests {
             }
             assert!(f.bytes() <= 16 * 1024 + PARTITION_COST + DIGEST_COST);
             // Its own oldest answers were released, but stay known.
-            assert_eq!(f.check(&named("x0"), ROUTE, 0, t, false), Check::Forgotten);
+            assert_eq!(
+                f.check(&named("x0"), ROUTE, 0, t, false, false),
+                Check::Forgotten
+            );
         }
         assert_eq!(
             victim
                 .lock()
                 .unwrap()
-                .check(&named("victim-1"), ROUTE, 0, t, false),
+                .check(&named("victim-1"), ROUTE, 0, t, false, false),
             Check::Replay(Bytes::from_static(b"answer")),
             "the victim's entry survives the flood"
         );
@@ -827,12 +838,26 @@ mod tests {
         // Tens of thousands of answers through a 64 KiB quota: never full.
         assert!(p.bytes() <= 64 * 1024);
         assert_eq!(p.forgotten.ranges.len(), 1);
-        assert_eq!(p.check(&id(start), ROUTE, 0, t, false), Check::Forgotten);
         assert_eq!(
-            p.check(&id(start + 49_999), ROUTE, 0, t, false).clone(),
+            p.check(&id(start), ROUTE, 0, t, false, false),
+            Check::Forgotten
+        );
+        assert_eq!(
+            p.check(&id(start + 49_999), ROUTE, 0, t, false, false)
+                .clone(),
             Check::Replay(Bytes::from_static(b"a small answer of some bytes"))
         );
-        assert_eq!(p.check(&id(start + 50_000), ROUTE, 0, t, false), Check::New);
+        assert_eq!(
+            p.check(&id(start + 50_000), ROUTE, 0, t, false, false),
+            Check::New
+        );
+        // A route that finds repeats by its own key (a task submit) is let
+        // through to it once the answer was released.
+        assert_eq!(p.check(&id(start), ROUTE, 0, t, true, true), Check::Begun);
+        assert_eq!(
+            p.check(&id(start), ROUTE, 0, t, false, true),
+            Check::Running
+        );
     }
 
     #[test]
@@ -875,8 +900,11 @@ mod tests {
         let later = t + Duration::from_secs(61);
         {
             let mut p = p.lock().unwrap();
-            assert_eq!(p.check(&named("k0"), ROUTE, 0, later, false), Check::New);
-            assert_eq!(p.check(&id(0), ROUTE, 0, later, false), Check::New);
+            assert_eq!(
+                p.check(&named("k0"), ROUTE, 0, later, false, false),
+                Check::New
+            );
+            assert_eq!(p.check(&id(0), ROUTE, 0, later, false, false), Check::New);
             assert!(p.is_empty());
             assert_eq!(p.bytes(), PARTITION_COST);
         }
@@ -900,7 +928,7 @@ mod tests {
             let mut p = p.lock().unwrap();
             for n in 0..10 {
                 let r = named(&format!("s{n}"));
-                match p.check(&r, ROUTE, 0, t, false) {
+                match p.check(&r, ROUTE, 0, t, false, false) {
                     Check::New => {
                         p.begin(&r, ROUTE);
                         p.complete(&r, ROUTE, None, Bytes::from_static(b"x"), t);
@@ -930,7 +958,7 @@ mod tests {
         const N: usize = 30_000;
         for n in 0..N {
             let r = id(n as u64);
-            assert_eq!(p.check(&r, ROUTE, 0, t, false), Check::New);
+            assert_eq!(p.check(&r, ROUTE, 0, t, false, false), Check::New);
             p.begin(&r, ROUTE);
             p.complete(&r, ROUTE, None, Bytes::from_static(&[7; 300]), t);
         }

@@ -229,6 +229,9 @@ pub(crate) enum ItemRefused {
     TooLarge,
     /// The stream is no longer served, or the session is closing.
     Closed,
+    /// The authority the stream was opened on may have ended: refused
+    /// before it reached the core, by the driver's own check.
+    Unauthorized,
 }
 
 #[derive(Debug)]

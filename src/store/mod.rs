@@ -24,7 +24,7 @@ use capwire_envelope::NodeId;
 
 pub(crate) use records::{
     AnswerKey, AnswerRecord, BindingRecord, ConfigRecord, ContactRecord, MemberRecord,
-    RevocationEntry, RevocationsRecord, RosterMeta, TaskEventRecord, TaskRecord,
+    RevocationEntry, RevocationsRecord, RosterMeta, TaskAuthority, TaskEventRecord, TaskRecord,
 };
 
 /// Everything a store holds, read once when the node starts.

@@ -26,7 +26,8 @@ pub(crate) struct BindingRecord {
 }
 
 /// The revocations the node was told of (`core.grants/revoke`), each
-/// kept until a token it could revoke has expired.
+/// kept while the binding it was made under lasts, or until the token it
+/// refuses has expired when the node knows that token.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RevocationsRecord {
@@ -41,8 +42,13 @@ pub(crate) struct RevocationEntry {
     /// The revocation id.
     #[serde(with = "serde_bytes_compat")]
     pub(crate) id: Vec<u8>,
-    /// Forgotten after this time.
+    /// Forgotten after this time (`u64::MAX` when no token it refuses
+    /// is known).
     pub(crate) until_ms: u64,
+    /// The binding epoch it was made under (absent in records written
+    /// before revocations named it: the binding held then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) epoch: Option<u64>,
 }
 
 /// The node's configuration: an opaque CBOR item and its version.
@@ -135,6 +141,23 @@ pub(crate) struct TaskRecord {
     pub(crate) progress_seq: Option<u64>,
     /// Its error once it failed, was cancelled or rejected.
     pub(crate) error: Option<ErrorBody>,
+    /// For a task of a controller verb: the authority it was admitted
+    /// on, which it runs under (absent for a bootstrap verb, and in
+    /// records written before tasks kept it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) authority: Option<TaskAuthority>,
+}
+
+/// What let a task of a controller verb through: it runs only while that
+/// holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TaskAuthority {
+    /// The binding epoch it was submitted under.
+    pub(crate) epoch: u64,
+    /// Submitted by the holder of a grant, not by the control plane.
+    #[serde(default)]
+    pub(crate) grant: bool,
 }
 
 /// One event of a task's log.

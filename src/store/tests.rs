@@ -76,6 +76,7 @@ fn full_batch() -> Batch {
             ids: vec![RevocationEntry {
                 id: vec![9; 64],
                 until_ms: 1_900_000_000_000,
+                epoch: Some(3),
             }],
         }),
         config: Some(ConfigRecord {

@@ -39,9 +39,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::control::Control;
+use crate::dispatch::authority::{Authority, Basis};
 use crate::dispatch::error::HandlerError;
 use crate::dispatch::extract::{Context, Extensions, FromContext};
-use crate::store::{Store, StoreError, TaskEventRecord, TaskRecord};
+use crate::store::{Store, StoreError, TaskAuthority, TaskEventRecord, TaskRecord};
 use crate::tap::unix_ms;
 pub(crate) use table::{Change, TaskId, TaskLimits, TaskTable};
 
@@ -112,6 +113,8 @@ enum Cmd {
         verb: String,
         args: Vec<u8>,
         start: Start,
+        /// For a controller verb: the authority it was admitted on.
+        authority: Option<Arc<Authority>>,
         reply: oneshot::Sender<Result<TaskSubmitted, ErrorBody>>,
     },
     Append {
@@ -161,7 +164,7 @@ enum Done {
         oneshot::Sender<Result<bool, ErrorBody>>,
         Result<bool, ErrorBody>,
     ),
-    Run(TaskId, Start, bool),
+    Run(TaskId, Start, bool, Option<Arc<Authority>>),
     Answer(TaskId, RawValue),
     Stop(TaskId),
 }
@@ -201,7 +204,14 @@ pub(crate) struct TaskService {
     /// The node is stopping: handlers stop and write nothing.
     stopping: CancellationToken,
     resumer: OnceLock<Arc<dyn Resumer>>,
+    /// Tells the bound control plane and the node's contacts from
+    /// strangers (set once the peer table exists): capacity is kept for
+    /// the first.
+    priority: OnceLock<Priority>,
 }
+
+/// Whether a submitter is the bound control plane or a contact.
+pub(crate) type Priority = Box<dyn Fn(&NodeId) -> bool + Send + Sync>;
 
 impl std::fmt::Debug for TaskService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -219,6 +229,28 @@ fn not_found() -> ErrorBody {
     // The same words for a task that does not exist and for one the
     // caller may not see: no oracle for ids.
     ErrorBody::new(ErrorCode::NotFound, "no such task")
+}
+
+/// The error a task ends with when the authority it ran under ended.
+fn ended_authority(why: &capwire_authz::DenyReason) -> ErrorBody {
+    ErrorBody::new(
+        ErrorCode::Unauthorized,
+        format!("the authority the task was submitted under has ended: {why}"),
+    )
+}
+
+/// What is kept of `basis` with a task.
+fn task_authority(basis: &Basis) -> TaskAuthority {
+    match basis {
+        Basis::Binding { epoch } => TaskAuthority {
+            epoch: *epoch,
+            grant: false,
+        },
+        Basis::Grant { epoch, .. } => TaskAuthority {
+            epoch: *epoch,
+            grant: true,
+        },
+    }
 }
 
 fn gone() -> ErrorBody {
@@ -266,7 +298,18 @@ impl TaskService {
             runners: TaskTracker::new(),
             stopping: CancellationToken::new(),
             resumer: OnceLock::new(),
+            priority: OnceLock::new(),
         }
+    }
+
+    /// Gives the service its way to tell the control plane and contacts
+    /// from strangers.
+    pub(crate) fn set_priority(&self, priority: Priority) {
+        let _ = self.priority.set(priority);
+    }
+
+    fn is_priority(&self, who: &NodeId) -> bool {
+        self.control.binding().is_controller(who) || self.priority.get().is_some_and(|p| p(who))
     }
 
     /// Gives the service its way to find resume handlers (once the
@@ -309,7 +352,10 @@ impl TaskService {
 
     /// Submits a task: written (with its first event) before this returns;
     /// the same `req_id` from the same sender gets the same task, and
-    /// starts nothing new.
+    /// starts nothing new (and on another verb, `duplicate`). A task of a
+    /// controller verb runs under `authority`, and fails `unauthorized`
+    /// when it ends.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn submit(
         &self,
         sender: NodeId,
@@ -318,6 +364,7 @@ impl TaskService {
         verb: &str,
         args: Vec<u8>,
         start: Start,
+        authority: Option<Arc<Authority>>,
     ) -> Result<TaskSubmitted, ErrorBody> {
         let (reply, rx) = oneshot::channel();
         self.send(Cmd::Submit {
@@ -327,6 +374,7 @@ impl TaskService {
             verb: verb.to_owned(),
             args,
             start,
+            authority,
             reply,
         })
         .await?;
@@ -374,6 +422,39 @@ impl TaskService {
         let record = lock(&self.published).get(id)?.record.clone();
         let may = record.submitter == *who || self.control.binding().is_controller(who);
         may.then_some(record)
+    }
+
+    /// Whether `who` may see task `id` now, and what must go on holding
+    /// for it to go on seeing it: nothing for the task's submitter; the
+    /// binding of the moment for the bound control plane (a subscription
+    /// holds it and ends when it changes).
+    ///
+    /// # Errors
+    /// `not_found` when `who` may not see it.
+    pub(crate) fn sight(
+        &self,
+        id: &TaskId,
+        who: &NodeId,
+    ) -> Result<Option<Arc<Authority>>, ErrorBody> {
+        let binding = self.control.binding();
+        let submitter = lock(&self.published)
+            .get(id)
+            .map(|e| e.record.submitter)
+            .ok_or_else(not_found)?;
+        if submitter == *who {
+            return Ok(None);
+        }
+        if !binding.is_controller(who) {
+            return Err(not_found());
+        }
+        let held = self.control.authorities().hold(
+            *who,
+            Basis::Binding {
+                epoch: binding.epoch(),
+            },
+        );
+        held.check().map_err(|_| not_found())?;
+        Ok(Some(held))
     }
 
     /// Whether `who` may see every task (the bound control plane).
@@ -535,6 +616,18 @@ impl TaskService {
         Some(change)
     }
 
+    /// `change` was taken from the queue and not delivered (no control
+    /// plane bound, none that speaks protocol 2, the session lost, the
+    /// binding changed, or no room in time): it and those it said were
+    /// left out are counted in the next push's `dropped`, so a control
+    /// plane always learns that it missed some.
+    pub(crate) fn undelivered(&self, change: &TaskChanged) {
+        let mut q = lock(&self.pushes);
+        q.1 = q.1.saturating_add(change.dropped).saturating_add(1);
+        drop(q);
+        self.pushes_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Waits until a state change may be waiting.
     pub(crate) async fn push_ready(&self) {
         self.push_ready.notified().await;
@@ -649,7 +742,9 @@ impl TaskService {
                 Done::Flag(tx, r) => {
                     let _ = tx.send(r);
                 }
-                Done::Run(id, start, resumed) => self.spawn(id, start, resumed),
+                Done::Run(id, start, resumed, authority) => {
+                    self.spawn(id, start, resumed, authority);
+                }
                 Done::Answer(id, answer) => {
                     let slot = lock(&self.runs).get_mut(&id).and_then(|r| r.answer.take());
                     if let Some(tx) = slot {
@@ -682,17 +777,24 @@ impl TaskService {
                 verb,
                 args,
                 start,
+                authority,
                 reply,
             } => {
                 if let Some(id) = staged.by_origin(&sender, &req_id) {
-                    let state = staged
-                        .get(&id)
-                        .map_or(TaskState::Submitted, |e| e.record.state);
-                    let answer = TaskSubmitted {
-                        task: id.to_string(),
-                        state,
+                    let answer = match staged.get(&id) {
+                        // Another verb's task is never the answer.
+                        Some(e) if e.record.cap != cap || e.record.verb != verb => {
+                            Err(ErrorBody::new(
+                                ErrorCode::Duplicate,
+                                "this req_id was used for another verb",
+                            ))
+                        }
+                        e => Ok(TaskSubmitted {
+                            task: id.to_string(),
+                            state: e.map_or(TaskState::Submitted, |e| e.record.state),
+                        }),
                     };
-                    done.push(Done::Reply(reply, Ok(answer)));
+                    done.push(Done::Reply(reply, answer));
                     return;
                 }
                 if args.len() > limits.max_body {
@@ -710,7 +812,11 @@ impl TaskService {
                         return;
                     }
                 };
-                match staged.submit(limits, id, sender, &req_id, &cap, &verb, args, now, change) {
+                let kept = authority.as_ref().map(|a| task_authority(a.basis()));
+                let priority = |who: &NodeId| self.is_priority(who);
+                match staged.submit(
+                    limits, id, sender, &req_id, &cap, &verb, args, kept, &priority, now, change,
+                ) {
                     Ok(_) => {
                         done.push(Done::Reply(
                             reply,
@@ -719,7 +825,7 @@ impl TaskService {
                                 state: TaskState::Submitted,
                             }),
                         ));
-                        done.push(Done::Run(id, start, false));
+                        done.push(Done::Run(id, start, false, authority));
                     }
                     Err(e) => done.push(Done::Reply(reply, Err(e))),
                 }
@@ -931,8 +1037,15 @@ impl TaskService {
         }
     }
 
-    /// Starts the handler of task `id`.
-    fn spawn(self: &Arc<Self>, id: TaskId, start: Start, resumed: bool) {
+    /// Starts the handler of task `id`, which runs while `authority`
+    /// (if any) holds.
+    fn spawn(
+        self: &Arc<Self>,
+        id: TaskId,
+        start: Start,
+        resumed: bool,
+        authority: Option<Arc<Authority>>,
+    ) {
         let me = self.clone();
         let cancel = self.stopping.child_token();
         lock(&self.runs).insert(
@@ -952,7 +1065,21 @@ impl TaskService {
                     .append(id, TaskEventKind::State, TaskState::Working, null(), None)
                     .await;
             }
+            let lost = async {
+                match &authority {
+                    Some(a) => a.lost().await,
+                    None => std::future::pending().await,
+                }
+            };
             let out = tokio::select! {
+                biased;
+                () = cancel.cancelled() => None,
+                // Admitted by a binding or a grant that has ended: the
+                // handler stops, and the task fails.
+                why = lost, if authority.is_some() => {
+                    cancel.cancel();
+                    Some(Err(ended_authority(&why)))
+                }
                 r = std::panic::AssertUnwindSafe(future).catch_unwind() => Some(match r {
                     Ok(r) => r,
                     Err(panic) => {
@@ -961,7 +1088,6 @@ impl TaskService {
                         Err(ErrorBody::new(ErrorCode::Internal, "the handler panicked"))
                     }
                 }),
-                () = cancel.cancelled() => None,
             };
             lock(&me.runs).remove(&id);
             // Stopped with the node: nothing is written (it is resumed or
@@ -979,6 +1105,14 @@ impl TaskService {
                     TaskState::Completed,
                     v.into_bytes().to_vec(),
                     None,
+                ),
+                // A handler that gives up with `cancelled` cancels its
+                // task, with its own words.
+                Err(e) if e.code == ErrorCode::Cancelled => (
+                    TaskEventKind::Error,
+                    TaskState::Canceled,
+                    capwire_envelope::to_vec(&e).unwrap_or_else(|_| null()),
+                    Some(e),
                 ),
                 Err(e) => (
                     TaskEventKind::Error,
@@ -1028,6 +1162,44 @@ impl TaskService {
             let Some(record) = staged.get(&id).map(|e| e.record.clone()) else {
                 continue;
             };
+            // A task of a controller verb goes on only under the binding
+            // it was submitted under (tokens are not kept over a restart).
+            let authority = match &record.authority {
+                None => Ok(None),
+                Some(TaskAuthority { grant: true, .. }) => Err(ErrorBody::new(
+                    ErrorCode::Unauthorized,
+                    "the node restarted, and the grant the task ran under is not kept over a restart",
+                )),
+                Some(TaskAuthority {
+                    epoch,
+                    grant: false,
+                }) => {
+                    let held = self
+                        .control
+                        .authorities()
+                        .hold(record.submitter, Basis::Binding { epoch: *epoch });
+                    held.check()
+                        .map(|()| Some(held))
+                        .map_err(|why| ended_authority(&why))
+                }
+            };
+            let authority = match authority {
+                Ok(a) => a,
+                Err(error) => {
+                    let body = capwire_envelope::to_vec(&error).unwrap_or_else(|_| null());
+                    staged.append(
+                        &self.limits,
+                        &id,
+                        TaskEventKind::Error,
+                        TaskState::Failed,
+                        body,
+                        Some(error),
+                        now,
+                        &mut change,
+                    );
+                    continue;
+                }
+            };
             // A task whose handler never started starts now, as it would
             // have; one that ran is resumed or failed.
             let fresh = record.state == TaskState::Submitted;
@@ -1043,7 +1215,7 @@ impl TaskService {
                 _ => None,
             };
             match start {
-                Some(start) if fresh => done.push(Done::Run(id, start, false)),
+                Some(start) if fresh => done.push(Done::Run(id, start, false, authority)),
                 Some(start) => {
                     let body = capwire_envelope::to_vec("resumed").unwrap_or_else(|_| null());
                     staged.append(
@@ -1056,7 +1228,7 @@ impl TaskService {
                         now,
                         &mut change,
                     );
-                    done.push(Done::Run(id, start, true));
+                    done.push(Done::Run(id, start, true, authority));
                 }
                 None => {
                     let error = ErrorBody::new(

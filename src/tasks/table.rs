@@ -13,7 +13,7 @@ use std::fmt;
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
 use capwire_manifest::{TaskEventKind, TaskState};
 
-use crate::store::{Batch, TaskEventRecord, TaskRecord};
+use crate::store::{Batch, TaskAuthority, TaskEventRecord, TaskRecord};
 
 /// A task's id: 16 random bytes, written as 32 lowercase hex digits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -200,6 +200,11 @@ impl TaskTable {
 
     /// A new task, submitted by `sender` with `req_id` to `cap`/`verb`
     /// with `args`: its record and first event (`submitted`).
+    /// `priority` tells the node's bound control plane and its contacts
+    /// from strangers: strangers together keep at most nine tenths of
+    /// `max_tasks`, and when the node is full, a submit of the control
+    /// plane or a contact makes room by deleting the oldest ended task of
+    /// a stranger before its retention passes.
     ///
     /// # Errors
     /// `overloaded` when the node, or this sender, keeps as many tasks as
@@ -214,20 +219,49 @@ impl TaskTable {
         cap: &str,
         verb: &str,
         args: Vec<u8>,
+        authority: Option<TaskAuthority>,
+        priority: &dyn Fn(&NodeId) -> bool,
         now: u64,
         change: &mut Change,
     ) -> Result<TaskRecord, ErrorBody> {
-        if self.tasks.len() >= limits.max_tasks {
-            return Err(ErrorBody::new(
-                ErrorCode::Overloaded,
-                "the node keeps as many tasks as it may (ended ones until their retention passes); retry later",
-            ));
-        }
         if self.per_sender.get(&sender).copied().unwrap_or(0) >= limits.max_per_sender {
             return Err(ErrorBody::new(
                 ErrorCode::Overloaded,
                 "this sender has as many tasks as it may (ended ones until their retention passes); retry later",
             ));
+        }
+        let full = || {
+            ErrorBody::new(
+                ErrorCode::Overloaded,
+                "the node keeps as many tasks as it may (ended ones until their retention passes); retry later",
+            )
+        };
+        let reserve = limits.max_tasks / 10;
+        if priority(&sender) {
+            if self.tasks.len() >= limits.max_tasks {
+                let oldest = self.order.values().copied().find(|id| {
+                    self.tasks.get(id).is_some_and(|e| {
+                        e.record.state.is_final() && !priority(&e.record.submitter)
+                    })
+                });
+                let Some(oldest) = oldest else {
+                    return Err(full());
+                };
+                self.remove(&oldest);
+                change.batch.del_tasks.push(oldest.0.to_vec());
+            }
+        } else if self.tasks.len() >= limits.max_tasks - reserve
+            && self
+                .per_sender
+                .iter()
+                .filter(|(who, _)| !priority(who))
+                .map(|(_, n)| n)
+                .sum::<usize>()
+                >= limits.max_tasks - reserve
+        {
+            return Err(full());
+        } else if self.tasks.len() >= limits.max_tasks {
+            return Err(full());
         }
         let record = TaskRecord {
             id: id.0.to_vec(),
@@ -244,6 +278,7 @@ impl TaskTable {
             question_seq: None,
             progress_seq: None,
             error: None,
+            authority,
         };
         self.next_order += 1;
         let event = TaskEventRecord {

@@ -162,20 +162,25 @@ async fn tell(
     Ok(())
 }
 
+/// The bounds of `work`'s args, checked before its task is written.
+fn work_fits(args: &WorkArgs) -> Result<(), HandlerError> {
+    let bad = |m: &str| HandlerError::new(capwire::envelope::ErrorCode::BadArgs, m);
+    if !(1..=1000).contains(&args.steps.unwrap_or(5)) {
+        return Err(bad("steps: 1 to 1000"));
+    }
+    if args.step_ms.unwrap_or(200) > 60_000 {
+        return Err(bad("step_ms: at most 60000"));
+    }
+    Ok(())
+}
+
 async fn work(
     args: WorkArgs,
     task: Task,
     State(name): State<AgentName>,
 ) -> Result<String, HandlerError> {
-    let bad = |m: &str| HandlerError::new(capwire::envelope::ErrorCode::BadArgs, m);
     let steps = args.steps.unwrap_or(5);
     let step_ms = args.step_ms.unwrap_or(200);
-    if !(1..=1000).contains(&steps) {
-        return Err(bad("steps: 1 to 1000"));
-    }
-    if step_ms > 60_000 {
-        return Err(bad("step_ms: at most 60000"));
-    }
     // A resumed run goes on after the last step it reported, with the
     // answer it was given (if it was).
     let mut done = 0;
@@ -292,7 +297,7 @@ pub(crate) fn capability() -> Capability {
             .handle(Probe, probe)
             .handle(HandOn, hand_on)
             .stream(Tell, tell)
-            .resumable_task(Work, work),
+            .resumable_task_checked(Work, work_fits, work),
         // "1.0.0" is a valid version.
         Err(_) => unreachable!("app.agent's version is valid"),
     }
