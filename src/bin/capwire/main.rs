@@ -9,6 +9,7 @@ mod keygen;
 mod mcp;
 mod node;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -19,7 +20,8 @@ use crate::exit::EXIT_CODES;
 /// of an agent cluster.
 ///
 /// JSON on the command line, CBOR on the wire (see `capwire ctl call
-/// --help` for the mapping). Logs go to stderr; set RUST_LOG (e.g.
+/// --help` for the mapping). Logs go to stderr, in colour only when it is
+/// a terminal and NO_COLOR is not set; set RUST_LOG (e.g.
 /// RUST_LOG=capwire=debug) to see more.
 #[derive(Debug, Parser)]
 #[command(name = "capwire", version, about, after_help = EXIT_CODES)]
@@ -46,6 +48,14 @@ enum Command {
     Mcp(mcp::McpArgs),
 }
 
+/// Whether the logs on stderr are coloured: only for a terminal, never for
+/// a pipe or a file (an MCP host's log, a supervisor's, a log file get
+/// plain text), and not when `NO_COLOR` is set to anything but the empty
+/// text (<https://no-color.org>).
+fn log_colour() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -69,6 +79,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(log_colour())
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
