@@ -3,6 +3,7 @@
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -156,13 +157,42 @@ async def test_mcp_sessions_are_bounded(http_face: HttpFace) -> None:
         assert r.status_code == 503, r.status_code
         # One closed makes room for one more.
         r = await http.delete(http_face.mcp_url, headers={**headers, "mcp-session-id": opened[0]})
-        assert r.status_code in (200, 202, 204), r.status_code
+        assert r.status_code == 200, r.status_code
 
         async def room() -> bool:
             r = await http.post(http_face.mcp_url, json=INIT, headers=headers)
             return r.status_code == 200
 
         await wait_for(room, what="a session slot freed")
+
+
+async def test_a_session_closed_is_answered_200_and_the_client_warns_of_nothing(
+    http_face: HttpFace, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A session (the initialize handshake) that the client ends with a
+    # DELETE when it closes. The `mcp` client takes 200 or 204 and warns
+    # of anything else ("Session termination failed: 202").
+    caplog.set_level(logging.INFO)
+    async with Client(http_face.mcp_url, mode="legacy") as client:
+        assert "alpha__agent__echo" in names(await client.list_tools())
+    deletes = [r.getMessage() for r in caplog.records if "DELETE" in r.getMessage()]
+    assert len(deletes) == 1 and '"HTTP/1.1 200 OK"' in deletes[0], deletes
+    warned = [r.getMessage() for r in caplog.records
+              if r.name.startswith("mcp") and r.levelno >= logging.WARNING]
+    assert warned == [], warned
+
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(http_face.mcp_url, json=INIT, headers=headers)
+        session = {**headers, "mcp-session-id": r.headers["mcp-session-id"]}
+        r = await http.delete(http_face.mcp_url, headers=session)
+        assert r.status_code == 200 and r.content == b"", (r.status_code, r.content)
+        # It is gone: a request in it, or closing it again, is answered 404.
+        r = await http.post(http_face.mcp_url, headers=session,
+                            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert r.status_code == 404, r.status_code
+        r = await http.delete(http_face.mcp_url, headers=session)
+        assert r.status_code == 404, r.status_code
 
 
 async def test_a_slow_request_head_is_cut_off(http_face: HttpFace) -> None:

@@ -4,7 +4,11 @@
 //! can reach it has the control plane's authority over the tools):
 //!
 //! ```text
-//!  POST|GET|DELETE /mcp                     ─► MCP (streamable HTTP)
+//!  POST|GET|DELETE /mcp                     ─► MCP (streamable HTTP; a
+//!                                              DELETE that closes a
+//!                                              session is answered 200,
+//!                                              one of no open session
+//!                                              404)
 //!  GET /.well-known/agent-card.json         ─► the card of the one node
 //!                                              served (404 with the
 //!                                              paths when there are more)
@@ -170,7 +174,32 @@ impl Routes {
                     &json!({"error": format!("{MAX_SESSIONS} MCP sessions are open already")}),
                 );
             }
-            return self.mcp.handle(req).await;
+            // A DELETE: whether the session it closes is open.
+            let closes = if req.method() == Method::DELETE {
+                let id = req.headers().get("mcp-session-id");
+                let id = id.and_then(|v| v.to_str().ok()).unwrap_or_default();
+                Some(self.sessions.sessions.read().await.contains_key(id))
+            } else {
+                None
+            };
+            let mut response = self.mcp.handle(req).await;
+            // rmcp answers every DELETE it takes with 202 Accepted. MCP's
+            // clients take 200 or 204 for a session closed (the Python
+            // SDK's warns of any other status), and a session that is not
+            // open answers 404, as any request in it does.
+            if let Some(open) = closes
+                && response.status() == StatusCode::ACCEPTED
+            {
+                if open {
+                    *response.status_mut() = StatusCode::OK;
+                } else {
+                    response = json_response(
+                        StatusCode::NOT_FOUND,
+                        &json!({"error": "no such MCP session: it ended, or never began"}),
+                    );
+                }
+            }
+            return response;
         }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             let mut response = json_response(
