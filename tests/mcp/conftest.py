@@ -83,8 +83,26 @@ class Cluster:
         return (await self.ctl("--json", *args)).json_lines()
 
     async def start_agent(self, name: str, *, bind: bool = True) -> Agent:
+        proc, info = await self._node(name, "127.0.0.1:0")
+        agent = Agent(proc, name, info["node_id"], info["addrs"][0], info["invite"])
+        self.agents.append(agent)
+        if bind:
+            (record,) = await self.ctl_json("bind", agent.invite, "--name", name)
+            assert record["kind"] == "bound", record
+        return agent
+
+    async def restart_agent(self, agent: Agent) -> None:
+        """Stops `agent` and starts it again with its state, on its
+        address: the same node, still bound."""
+        await stop_process(agent.proc)
+        agent.proc, info = await self._node(agent.name, agent.addr)
+        assert info["node_id"] == agent.id, info
+
+    async def _node(self, name: str, listen: str) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
+        """`capwire node` named `name` (its state in this cluster's
+        directory), and its startup record."""
         proc = await asyncio.create_subprocess_exec(
-            str(self.binary), "node", "--json", "--name", name, "--listen", "127.0.0.1:0",
+            str(self.binary), "node", "--json", "--name", name, "--listen", listen,
             "--state", str(self.state.parent / f"node-{name}"),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -92,15 +110,13 @@ class Cluster:
             env=child_env(),
         )
         assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 15)
-        assert line, f"capwire node printed nothing (exit {proc.returncode})"
-        info = json.loads(line)
-        agent = Agent(proc, name, info["node_id"], info["addrs"][0], info["invite"])
-        self.agents.append(agent)
-        if bind:
-            (record,) = await self.ctl_json("bind", agent.invite, "--name", name)
-            assert record["kind"] == "bound", record
-        return agent
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), 15)
+            assert line, f"capwire node printed nothing (exit {proc.returncode})"
+        except BaseException:
+            await stop_process(proc)
+            raise
+        return proc, json.loads(line)
 
     async def identity(self) -> str:
         (record,) = await self.ctl_json("identity")

@@ -7,9 +7,11 @@ from typing import Any
 import httpx
 from a2a.client.card_resolver import A2ACardResolver, parse_agent_card
 from a2a.types.a2a_pb2 import AgentCard
+from a2a.utils.constants import PROTOCOL_VERSION_CURRENT
 from google.protobuf.json_format import MessageToDict, ParseDict
+from mcp import Client
 
-from conftest import Cluster, HttpFace, wait_for
+from conftest import Cluster, HttpFace, start_http, stop_process, wait_for
 
 #: What A2A 1.0 requires of a card.
 REQUIRED = ("name", "description", "supportedInterfaces", "version", "capabilities",
@@ -39,6 +41,9 @@ async def test_ctl_card_is_a_valid_a2a_card(cluster: Cluster) -> None:
     # The address as an invite without a code (`tcp://` left out).
     assert interface.url == f"capwire://{alpha.id}@{alpha.addr.removeprefix('tcp://')}"
     assert interface.protocol_binding == "capwire"
+    # The version of A2A the card follows, the one the SDK speaks; capwire's
+    # own wire protocol version is in its extension.
+    assert interface.protocol_version == PROTOCOL_VERSION_CURRENT == "1.0"
     skills = {s.id: s for s in parsed.skills}
     assert set(skills) == {
         "app.agent/echo", "app.agent/note", "app.agent/tell", "app.agent/work",
@@ -47,7 +52,10 @@ async def test_ctl_card_is_a_valid_a2a_card(cluster: Cluster) -> None:
     assert "controller" in skills["app.agent/ask"].tags
     assert list(skills["app.agent/echo"].input_modes) == ["application/json"]
     (ext,) = parsed.capabilities.extensions
-    verbs = MessageToDict(ext.params)["verbs"]
+    params = MessageToDict(ext.params)
+    assert params["wireVersion"] == 2
+    assert params["appId"] == "capwire.node" and params["nodeName"] == "alpha"
+    verbs = params["verbs"]
     assert verbs["app.agent/work"]["kind"] == "task"
     assert verbs["app.agent/work"]["argsSchema"]["properties"]["text"]["type"] == "string"
     assert verbs["app.agent/tell"]["resultSchema"]["type"] == "string"
@@ -80,3 +88,50 @@ async def test_the_http_face_serves_the_cards(cluster: Cluster, http_face: HttpF
         ]
         beta = await resolver.get_agent_card("/nodes/beta/.well-known/agent-card.json")
         assert beta.name == "beta"
+
+
+async def app_version(cluster: Cluster, node: str) -> str:
+    (manifest,) = await cluster.ctl_json("manifest", node)
+    (app,) = [c for c in manifest["capabilities"] if c["id"].startswith("app.")]
+    return str(app["version"])
+
+
+async def test_the_version_is_the_agents_and_outlives_a_restart(cluster: Cluster) -> None:
+    (alpha,) = cluster.agents
+    version = await app_version(cluster, "alpha")
+    card = json.loads((await cluster.ctl("card", "alpha")).out)
+    assert card["version"] == version, "the version of the agent's app.* capability"
+
+    # The same agent, run again (its manifest's epoch starts again): its
+    # card keeps its version.
+    await cluster.restart_agent(alpha)
+    again = json.loads((await cluster.ctl("card", "alpha")).out)
+    assert again["version"] == card["version"] == version
+    assert again == card, "nothing else changed either"
+
+
+async def test_the_card_goes_by_the_name_the_tools_and_its_path_use(cluster: Cluster) -> None:
+    # A node that calls itself "self-named", bound as "renamed".
+    agent = await cluster.start_agent("self-named", bind=False)
+    (record,) = await cluster.ctl_json("bind", agent.invite, "--name", "renamed")
+    assert record["kind"] == "bound", record
+    card = json.loads((await cluster.ctl("card", "renamed")).out)
+    strict(card)
+    assert card["name"] == "renamed"
+    (ext,) = card["capabilities"]["extensions"]
+    assert ext["params"]["nodeName"] == "self-named", "its own name is kept in the extension"
+
+    face = await start_http(cluster, "--node", "renamed")
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            served = (await http.get(f"{face.base}/nodes/renamed/.well-known/agent-card.json")).json()
+            assert served == card
+            only = (await http.get(f"{face.base}/.well-known/agent-card.json")).json()
+            assert only == card
+        async with Client(face.mcp_url) as client:
+            tools = {t.name for t in (await client.list_tools()).tools}
+        assert "renamed__agent__echo" in tools, tools
+        assert all(name.startswith(f"{card['name']}__") for name in tools), tools
+    finally:
+        await stop_process(face.proc)
+

@@ -481,7 +481,12 @@ impl Ctx {
             }
             CtlCommand::Card { node } => {
                 let (entry, manifest) = self.manifest(&node, timeout).await?;
-                let card = super::card::card_json(&manifest_json(&manifest), &entry.addrs);
+                // The name this control plane knows it by (the tools'
+                // and the served card's); a node not in the book, reached
+                // by an invite, goes by its own.
+                let known = self.book().peers.iter().any(|p| p.node_id == entry.node_id);
+                let name = if known { entry.name.as_str() } else { "" };
+                let card = super::card::card_json(name, &manifest_json(&manifest), &entry.addrs);
                 emit(
                     out,
                     json!({"kind": "card", "peer": entry.name, "card": card}),

@@ -234,11 +234,12 @@ pub(crate) enum CtlCommand {
         #[command(flatten)]
         node: NodeArg,
     },
-    /// Prints a node's A2A Agent Card (A2A 1.0, JSON): its app.* verbs
-    /// as skills, its capwire address as its interface, each verb's kind,
-    /// class and schemas in the card's `urn:capwire:verbs:1` extension.
-    /// The card describes the agent; calling it takes capwire (or
-    /// `capwire mcp`), not A2A's JSON-RPC.
+    /// Prints a node's A2A Agent Card (A2A 1.0, JSON): its name here (as
+    /// `ctl peers` has it), the version of its app.* capability, its
+    /// app.* verbs as skills, its capwire address as its interface, each
+    /// verb's kind, class and schemas in the card's `urn:capwire:verbs:1`
+    /// extension. The card describes the agent; calling it takes capwire
+    /// (or `capwire mcp`), not A2A's JSON-RPC.
     Card {
         #[command(flatten)]
         node: NodeArg,

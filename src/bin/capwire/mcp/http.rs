@@ -248,7 +248,10 @@ pub(crate) fn card_path(node: &NodeView) -> String {
 }
 
 fn card_response(node: &NodeView) -> Response<Body> {
-    json_response(StatusCode::OK, &card_json(&node.manifest, &node.addrs))
+    json_response(
+        StatusCode::OK,
+        &card_json(&node.name, &node.manifest, &node.addrs),
+    )
 }
 
 fn json_response(status: StatusCode, body: &Json) -> Response<Body> {
