@@ -135,3 +135,24 @@ async def test_the_card_goes_by_the_name_the_tools_and_its_path_use(cluster: Clu
     finally:
         await stop_process(face.proc)
 
+
+async def test_the_cards_answer_only_for_the_served_hosts(http_face: HttpFace) -> None:
+    port = http_face.base.rsplit(":", 1)[1]
+    paths = ["/.well-known/agent-card.json", "/nodes/alpha/.well-known/agent-card.json", "/nothing"]
+    async with httpx.AsyncClient(timeout=10) as http:
+        for path in paths:
+            url = f"{http_face.base}{path}"
+            # A name that resolves to loopback for a page elsewhere (DNS
+            # rebinding): refused as on /mcp.
+            for host in ("evil.example", f"evil.example:{port}", f"127.0.0.2:{port}"):
+                r = await http.get(url, headers={"Host": host})
+                assert r.status_code == 403, (path, host, r.status_code)
+                assert "alpha" not in r.text
+            r = await http.post(url, content=b"", headers={"Host": "evil.example"})
+            assert r.status_code == 403, (path, r.status_code)
+            # The loopback names and the address listened on are served.
+            for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
+                r = await http.get(url, headers={"Host": host})
+                assert r.status_code == (404 if path == "/nothing" else 200), (path, host, r.status_code)
+        r = await http.post(http_face.mcp_url, content=b"{}", headers={"Host": "evil.example"})
+        assert r.status_code == 403, "the same as /mcp"

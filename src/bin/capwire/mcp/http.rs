@@ -16,6 +16,9 @@
 //!  other                                    ─► 404
 //! ```
 //!
+//! Every path answers only a request whose `Host` is a loopback name or
+//! the address listened on (403 otherwise), against DNS rebinding.
+//!
 //! Bounds: 64 connections at once (more wait in the backlog), a request
 //! head within 5 s and 64 KiB, an MCP body of 4 MiB (rmcp's bound), and
 //! 64 MCP sessions at once (one more `initialize` is answered 503; an
@@ -31,6 +34,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
+use hyper::http::uri::Authority;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -67,6 +71,88 @@ struct Routes {
     mcp: StreamableHttpService<Face, LocalSessionManager>,
     sessions: Arc<LocalSessionManager>,
     nodes: watch::Receiver<Arc<Vec<NodeView>>>,
+    /// The `Host`s served (rmcp checks those of `/mcp` with the same
+    /// list).
+    hosts: Vec<Allowed>,
+}
+
+/// The `Host` values served, against DNS rebinding (a page elsewhere whose
+/// name was made to resolve to loopback sends its own name): the loopback
+/// names on any port, and the address listened on.
+fn allowed_hosts(addr: SocketAddr) -> Vec<String> {
+    vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "::1".to_owned(),
+        addr.to_string(),
+    ]
+}
+
+/// One allowed `Host`: a name, and a port unless any is allowed.
+#[derive(Debug, PartialEq)]
+struct Allowed {
+    host: String,
+    port: Option<u16>,
+}
+
+impl Allowed {
+    /// `HOST`, `HOST:PORT` or `[IPV6]:PORT`, as rmcp reads its list and
+    /// a request's `Host`.
+    fn parse(text: &str) -> Option<Allowed> {
+        let text = text.trim();
+        if text.is_empty() {
+            return None;
+        }
+        let (host, port) = match text.parse::<Authority>() {
+            Ok(authority) => (authority.host().to_owned(), authority.port_u16()),
+            Err(_) => (text.to_owned(), None),
+        };
+        Some(Allowed {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_ascii_lowercase(),
+            port,
+        })
+    }
+}
+
+/// What to answer `req` when it does not name a host served (by its
+/// `Host`, else the authority of its target); `None` when it does.
+fn host_refused<B>(req: &Request<B>, allowed: &[Allowed]) -> Option<Response<Body>> {
+    let named = match req.headers().get(header::HOST) {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|text| text.parse::<Authority>().ok()),
+        None => req.uri().authority().cloned(),
+    };
+    let Some(named) = named else {
+        return Some(json_response(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "no Host, or one that is not a host and port"}),
+        ));
+    };
+    let host = named
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    let port = named.port_u16();
+    if allowed
+        .iter()
+        .any(|a| a.host == host && a.port.is_none_or(|p| port == Some(p)))
+    {
+        return None;
+    }
+    tracing::warn!(
+        host = named.as_str(),
+        "refused a request for another Host (possible DNS rebinding)"
+    );
+    Some(json_response(
+        StatusCode::FORBIDDEN,
+        &json!({"error": format!("Host {:?} is not served here", named.as_str())}),
+    ))
 }
 
 /// Serves until `stop` is cancelled. `bound` is told the address once it
@@ -84,19 +170,15 @@ pub(crate) async fn serve(
         .local_addr()
         .map_err(|e| Failure::failed(format!("cannot read the bound address: {e}")))?;
     let sessions = Arc::new(LocalSessionManager::default());
-    let mut hosts = vec![
-        "localhost".to_owned(),
-        "127.0.0.1".to_owned(),
-        "::1".to_owned(),
-    ];
-    hosts.push(addr.to_string());
+    let hosts = allowed_hosts(addr);
     let config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(hosts)
+        .with_allowed_hosts(hosts.clone())
         .with_cancellation_token(stop.child_token());
     let routes = Arc::new(Routes {
         mcp: StreamableHttpService::new(move || Ok(face.clone()), Arc::clone(&sessions), config),
         sessions,
         nodes,
+        hosts: hosts.iter().filter_map(|h| Allowed::parse(h)).collect(),
     });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -201,6 +283,11 @@ impl Routes {
             }
             return response;
         }
+        // The cards, and what is not served, answer only for the hosts
+        // `/mcp` answers for.
+        if let Some(refused) = host_refused(&req, &self.hosts) {
+            return refused;
+        }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             let mut response = json_response(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -262,4 +349,63 @@ fn json_response(status: StatusCode, body: &Json) -> Response<Body> {
         HeaderValue::from_static("application/json"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allowed(addr: &str) -> Vec<Allowed> {
+        let addr: SocketAddr = addr.parse().expect("an address");
+        allowed_hosts(addr)
+            .iter()
+            .filter_map(|h| Allowed::parse(h))
+            .collect()
+    }
+
+    fn status(host: Option<&str>, allowed: &[Allowed]) -> Option<StatusCode> {
+        let mut req = Request::builder().uri(CARD_PATH);
+        if let Some(host) = host {
+            req = req.header(header::HOST, host);
+        }
+        let req = req.body(()).expect("a request");
+        host_refused(&req, allowed).map(|r| r.status())
+    }
+
+    #[test]
+    fn loopback_names_on_any_port_and_the_bound_address() {
+        let v4 = allowed("127.0.0.1:8377");
+        for ok in [
+            "127.0.0.1:8377",
+            "localhost:8377",
+            "LOCALHOST",
+            "127.0.0.1:1",
+            "[::1]:8377",
+        ] {
+            assert_eq!(status(Some(ok), &v4), None, "{ok}");
+        }
+        for refused in [
+            "evil.example",
+            "evil.example:8377",
+            "127.0.0.2:8377",
+            "10.0.0.1",
+        ] {
+            assert_eq!(
+                status(Some(refused), &v4),
+                Some(StatusCode::FORBIDDEN),
+                "{refused}"
+            );
+        }
+        assert_eq!(status(None, &v4), Some(StatusCode::BAD_REQUEST));
+        assert_eq!(status(Some("a b"), &v4), Some(StatusCode::BAD_REQUEST));
+        // Another loopback address: only with its own port.
+        let other = allowed("127.0.0.5:9000");
+        assert_eq!(status(Some("127.0.0.5:9000"), &other), None);
+        assert_eq!(
+            status(Some("127.0.0.5:9001"), &other),
+            Some(StatusCode::FORBIDDEN)
+        );
+        let v6 = allowed("[::1]:9000");
+        assert_eq!(status(Some("[::1]:9000"), &v6), None);
+    }
 }
