@@ -61,6 +61,16 @@ verb! {
     pub struct Quiet: task "app.work" / "quiet", Bootstrap, u64 => u64;
 }
 
+verb! {
+    /// Gives up with `cancelled` and its own words.
+    pub struct GiveUp: task "app.work" / "give_up", Bootstrap, String => ();
+}
+verb! {
+    /// Counts to at most 10: its own check refuses more before a task
+    /// is written.
+    pub struct Bounded: task "app.work" / "bounded", Bootstrap, u32 => u32;
+}
+
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, capwire::JsonSchema)]
 #[schemars(crate = "capwire::schemars")]
 /// Args of `steps`.
@@ -165,9 +175,27 @@ async fn quiet(ms: u64, _task: Task) -> Result<u64, HandlerError> {
     Ok(ms)
 }
 
+async fn give_up(why: String, _task: Task) -> Result<(), HandlerError> {
+    Err(HandlerError::new(ErrorCode::Cancelled, why))
+}
+
+fn at_most_ten(n: &u32) -> Result<(), HandlerError> {
+    if *n > 10 {
+        return Err(HandlerError::new(ErrorCode::BadArgs, "at most 10"));
+    }
+    Ok(())
+}
+
+async fn bounded(n: u32, _task: Task, State(p): State<Arc<Probe>>) -> Result<u32, HandlerError> {
+    p.started.fetch_add(1, Ordering::SeqCst);
+    Ok(n)
+}
+
 fn cap() -> Capability {
     Capability::new("app.work", "1.0.0")
         .unwrap()
+        .task(GiveUp, give_up)
+        .task_checked(Bounded, at_most_ten, bounded)
         .task(Count, count)
         .task(Hold, hold)
         .resumable_task(Steps, steps)
@@ -800,4 +828,196 @@ fn the_examples_of_wire_md_are_what_capwire_encodes() {
             "64626f647903"
         )
     );
+}
+
+/// The error body of a call refused for any reason a body says.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(result: Result<T, CallError>) -> capwire::envelope::ErrorBody {
+    match result {
+        Err(CallError::Remote(body) | CallError::Denied(body)) => body,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_req_id_used_for_another_task_verb_is_duplicate_after_the_replay_window() {
+    let limits = Limits {
+        replay_window: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    let (w, probe) = started(limits).await;
+    let (_c, peer) = stranger(&w).await;
+    let id = ReqId::try_from("job-1").unwrap();
+    let first = peer
+        .submit_with_id(Echo, "first".into(), &id, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(first.result().await.unwrap(), "first");
+    // Past the ledger's window: only the task's own key is left.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let other = peer
+        .submit_with_id(Hold, (), &id, Duration::from_secs(5))
+        .await;
+    let body = refused(other);
+    assert_eq!(body.code, ErrorCode::Duplicate, "{body:?}");
+    // No task was made for it, and nothing ran.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(probe.started.load(Ordering::SeqCst), 0);
+    let list = peer
+        .request(TasksList, ListTasksArgs::default())
+        .await
+        .unwrap();
+    assert_eq!(list.tasks.len(), 1);
+    // The same verb finds its task again (once the ledger has forgotten
+    // the refused one too).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = peer
+        .submit_with_id(Echo, "first".into(), &id, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(again.id(), first.id());
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_sent_again_finds_its_task_after_the_ledger_released_its_answer() {
+    // A small quota: a busy sender's older answers are released.
+    let limits = Limits {
+        replay_sender_max_bytes: 4096,
+        ..Limits::default()
+    };
+    let (w, _probe) = started(limits).await;
+    let (_c, peer) = stranger(&w).await;
+    let first_id = ReqId::try_from("1000").unwrap();
+    let first = peer
+        .submit_with_id(Echo, "kept".into(), &first_id, Duration::from_secs(5))
+        .await
+        .unwrap();
+    for n in 1001..1100u32 {
+        let id = ReqId::try_from(n.to_string().as_str()).unwrap();
+        peer.submit_with_id(Echo, "more".into(), &id, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    let again = peer
+        .submit_with_id(Echo, "kept".into(), &first_id, Duration::from_secs(5))
+        .await
+        .expect("the same submit finds its task, not `duplicate`");
+    assert_eq!(again.id(), first.id());
+    assert_eq!(again.result().await.unwrap(), "kept");
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_ended_tasks_cannot_lock_the_control_plane_out() {
+    let limits = Limits {
+        max_tasks: 20,
+        max_tasks_per_sender: 10,
+        ..Limits::default()
+    };
+    let (b, _probe) = worker(limits);
+    let bound = bind_new(b).await;
+    let mut kept = Vec::new();
+    let mut strangers = Vec::new();
+    'fill: for _ in 0..3 {
+        let (node, peer) = stranger(&bound.node).await;
+        for _ in 0..10 {
+            match peer.submit(Echo, "x".into()).await {
+                Ok(t) => {
+                    t.result().await.unwrap();
+                    kept.push((peer.clone(), t.id().to_owned()));
+                }
+                Err(CallError::Overloaded) => {
+                    strangers.push(node);
+                    break 'fill;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        strangers.push(node);
+    }
+    // Strangers together keep at most nine tenths of the node's tasks.
+    assert_eq!(kept.len(), 18);
+    // The control plane gets the rest, and then makes room by deleting
+    // strangers' ended tasks, oldest first.
+    for n in 0..5 {
+        let t = bound
+            .peer
+            .submit(Echo, format!("cp-{n}"))
+            .await
+            .expect("the control plane is never locked out");
+        assert_eq!(t.result().await.unwrap(), format!("cp-{n}"));
+    }
+    let (oldest_peer, oldest) = &kept[0];
+    let gone = remote(oldest_peer.task::<String>(oldest.clone()).get().await);
+    assert_eq!(gone.code, ErrorCode::NotFound);
+    let (newest_peer, newest) = kept.last().unwrap();
+    assert_eq!(
+        newest_peer
+            .task::<String>(newest.clone())
+            .result()
+            .await
+            .unwrap(),
+        "x"
+    );
+    bound.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_gives_up_with_cancelled_cancels_its_task_with_its_words() {
+    let (w, _probe) = started(Limits::default()).await;
+    let (_c, peer) = stranger(&w).await;
+    let task = peer.submit(GiveUp, "no disk left".into()).await.unwrap();
+    assert!(matches!(task.result().await, Err(CallError::Cancelled)));
+    let info = task.get().await.unwrap();
+    assert_eq!(info.state, TaskState::Canceled);
+    let error = info.error.unwrap();
+    assert_eq!(error.code, ErrorCode::Cancelled);
+    assert_eq!(error.message, "no disk left");
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verbs_own_args_check_refuses_before_a_task_exists() {
+    let (w, probe) = started(Limits::default()).await;
+    let (_c, peer) = stranger(&w).await;
+    let body = refused(peer.submit(Bounded, 11).await);
+    assert_eq!(body.code, ErrorCode::BadArgs);
+    assert_eq!(body.message, "at most 10");
+    let list = peer
+        .request(TasksList, ListTasksArgs::default())
+        .await
+        .unwrap();
+    assert!(list.tasks.is_empty(), "no task was written");
+    assert_eq!(probe.started.load(Ordering::SeqCst), 0);
+    let ok = peer.submit(Bounded, 10).await.unwrap();
+    assert_eq!(ok.result().await.unwrap(), 10);
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_the_control_plane_missed_are_counted_in_the_next() {
+    let (b, _probe) = worker(Limits::default());
+    let w = b.start().await.unwrap();
+    let (_c, submitter) = stranger(&w).await;
+    // No control plane yet: these three pushes (submitted, working,
+    // completed) go nowhere.
+    let missed = submitter.submit(Echo, "early".into()).await.unwrap();
+    missed.result().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cp = Node::builder("control-plane").start().await.unwrap();
+    let mut rx = cp.control_events();
+    let invite = w.invite(Some(cp.id())).unwrap();
+    cp.connect_invite(&invite).await.unwrap();
+    let task = submitter.submit(Echo, "late".into()).await.unwrap();
+    let seen = events_until(&mut rx, "the first push", |e| {
+        matches!(e, ControlEvent::Task { .. })
+    })
+    .await;
+    let Some(ControlEvent::Task { change, .. }) = seen.last() else {
+        panic!("a push");
+    };
+    assert_eq!(change.task, task.id());
+    assert_eq!(change.dropped, 3, "the pushes no control plane took");
+    w.shutdown().await;
 }

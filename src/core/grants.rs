@@ -307,3 +307,154 @@ impl CoreState {
         advertised_key(&manifest)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use capwire_manifest::{GetConfig, GrantsInfoRead, MonitoringDisable, NoArgs};
+
+    use super::*;
+    use crate::grants::Right;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{Loaded, Store, StoreError, TaskEventRecord};
+    use crate::{CallError, Node};
+
+    /// A store in memory that refuses every write while told to.
+    #[derive(Debug)]
+    struct Flaky {
+        inner: MemoryStore,
+        fail: AtomicBool,
+    }
+
+    impl Store for Flaky {
+        fn load(&self) -> Result<Loaded, StoreError> {
+            self.inner.load()
+        }
+
+        fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(StoreError::Write("refused on purpose".into()));
+            }
+            self.inner.commit(batch)
+        }
+
+        fn task_events(
+            &self,
+            id: &[u8],
+            from: u64,
+            limit: usize,
+        ) -> Result<Vec<TaskEventRecord>, StoreError> {
+            self.inner.task_events(id, from, limit)
+        }
+
+        fn task_args(&self, id: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+            self.inner.task_args(id)
+        }
+    }
+
+    /// A binding change that cannot be written is undone: the control
+    /// plane bound before it is bound again, under a new epoch, and it
+    /// keeps the grant key its own bind took, so it can mint, and tokens
+    /// it mints are accepted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_undone_binding_change_keeps_the_restored_control_planes_grant_key() {
+        let store = Arc::new(Flaky {
+            inner: MemoryStore::new(),
+            fail: AtomicBool::new(false),
+        });
+        let node = Node::builder("agent")
+            .listen("127.0.0.1:0".parse().unwrap())
+            .start_on_store_for_testing(store.clone())
+            .await
+            .unwrap();
+        let cp = Node::builder("cp").start().await.unwrap();
+        let (to_node, _) = cp
+            .connect_invite(&node.invite(Some(cp.id())).unwrap())
+            .await
+            .unwrap();
+        let key = Some(cp.grant_key().to_string());
+        let info = to_node.request(GrantsInfoRead, NoArgs {}).await.unwrap();
+        assert_eq!(info.control_plane_key, key);
+
+        // Another control plane's bind, which cannot be written.
+        store.fail.store(true, Ordering::SeqCst);
+        let other = Node::builder("other").start().await.unwrap();
+        let refused = other
+            .connect_invite(&node.invite(Some(other.id())).unwrap())
+            .await;
+        assert!(refused.is_err(), "the bind could not be written");
+        assert_eq!(node.controller(), Some(cp.id()));
+        // The control plane's own unbind, which cannot be written either.
+        let refused = to_node.request(MonitoringDisable, NoArgs {}).await;
+        assert!(matches!(refused, Err(CallError::Remote(_))), "{refused:?}");
+        assert_eq!(node.controller(), Some(cp.id()));
+        store.fail.store(false, Ordering::SeqCst);
+
+        let after = to_node.request(GrantsInfoRead, NoArgs {}).await.unwrap();
+        assert!(after.epoch > info.epoch, "a new epoch");
+        assert_eq!(after.control_plane_key, key, "its grant key is kept");
+        let worker = Node::builder("worker").start().await.unwrap();
+        let from_worker = worker
+            .connect(&node.local_addrs()[0], Some(node.id()))
+            .await
+            .unwrap();
+        let token = cp
+            .grant(
+                &to_node,
+                worker.id(),
+                worker.grant_key(),
+                vec![Right::verb("core.configuration", "get_config")],
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        from_worker.present(&token).await.unwrap();
+        from_worker.request(GetConfig, NoArgs {}).await.unwrap();
+        for n in [worker, other, cp, node] {
+            n.shutdown().await;
+        }
+    }
+
+    fn entry(id: u8, epoch: Option<u64>, until_ms: u64) -> RevocationEntry {
+        RevocationEntry {
+            id: vec![id; 64],
+            until_ms,
+            epoch,
+        }
+    }
+
+    /// No token outlives its revocation: a revocation of a token the node
+    /// never held is kept for as long as the binding it was made under,
+    /// however long the token was minted for.
+    #[test]
+    fn a_revocation_is_kept_while_its_binding_lasts() {
+        let made = SystemTime::UNIX_EPOCH + Duration::from_secs(1_900_000_000);
+        let record = RevocationsRecord {
+            ids: vec![
+                entry(1, Some(4), u64::MAX),
+                // Written before revocations named their binding, with the
+                // 30-day retention of then.
+                entry(2, None, unix_ms(made + Duration::from_secs(30 * 86_400))),
+                // Made under an earlier binding: refuses nothing now.
+                entry(3, Some(3), u64::MAX),
+                // Its token's expiry passed.
+                entry(4, Some(4), unix_ms(made + Duration::from_secs(60))),
+            ],
+        };
+        let sixty_days_later = made + Duration::from_secs(60 * 86_400);
+        let g = GrantState::new(&[7; 32], Some((4, None)), Some(record), sixty_days_later);
+        assert!(g.delegations.is_revoked(&[1; 64]), "kept past 30 days");
+        assert!(!g.delegations.is_revoked(&[2; 64]), "as it was written");
+        assert!(!g.delegations.is_revoked(&[3; 64]));
+        assert!(!g.delegations.is_revoked(&[4; 64]));
+        assert_eq!(g.info(4).revocations, 1);
+        // A binding change forgets them: every token they refused is void.
+        g.moved(5, None);
+        assert!(!g.delegations.is_revoked(&[1; 64]));
+        assert_eq!(g.info(5).revocations, 0);
+    }
+}

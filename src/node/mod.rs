@@ -541,6 +541,37 @@ impl NodeBuilder {
         let opened = tokio::task::spawn_blocking(move || runtime::open_state(dir, keypair))
             .await
             .map_err(|e| NodeError::State(e.to_string()))??;
+        Self::launch(parts, opened, listen, contacts).await
+    }
+
+    /// As [`start`](Self::start), on `store` (in memory: what the node
+    /// holds when it starts is what `store` loads).
+    #[cfg(test)]
+    pub(crate) async fn start_on_store_for_testing(
+        self,
+        store: Arc<dyn crate::store::Store>,
+    ) -> Result<Node, NodeError> {
+        let (mut parts, listen, contacts) = self.into_parts();
+        let keypair = match parts.keypair.take() {
+            Some(k) => k,
+            None => capwire_transport::Keypair::generate()?,
+        };
+        let opened = runtime::Opened {
+            keypair,
+            loaded: store.load()?,
+            store,
+            blocking: false,
+            dir: None,
+        };
+        Self::launch(parts, opened, listen, contacts).await
+    }
+
+    async fn launch(
+        parts: runtime::Parts,
+        opened: runtime::Opened,
+        listen: Vec<Addr>,
+        contacts: Vec<Contact>,
+    ) -> Result<Node, NodeError> {
         let node = Node {
             rt: Arc::new(runtime::build(parts, opened)?),
         };

@@ -345,6 +345,7 @@ fn task(n: u8, state: capwire_manifest::TaskState, seq: u64, first_seq: u64) -> 
         question_seq: None,
         progress_seq: (seq > 1).then_some(seq),
         error: None,
+        authority: None,
     }
 }
 
@@ -827,6 +828,7 @@ mod tasks {
             progress_seq: None,
             error: (state == TaskState::Failed)
                 .then(|| ErrorBody::new(ErrorCode::Internal, "it broke")),
+            authority: None,
         }
     }
 
@@ -1049,6 +1051,8 @@ mod tasks {
                 "app.x",
                 "go",
                 vec![0xf6],
+                None,
+                &|_: &NodeId| false,
                 0,
                 &mut change,
             )

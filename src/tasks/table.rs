@@ -459,6 +459,11 @@ mod tests {
     const A: NodeId = NodeId::from_bytes([1; 32]);
     const B: NodeId = NodeId::from_bytes([2; 32]);
 
+    /// Nobody is the control plane or a contact.
+    fn stranger(_: &NodeId) -> bool {
+        false
+    }
+
     #[test]
     fn ids_print_and_parse_as_32_lowercase_hex_digits() {
         let t = id(0xab);
@@ -481,15 +486,75 @@ mod tests {
         let mut t = TaskTable::default();
         let l = limits();
         let mut c = Change::default();
-        t.submit(&l, id(1), A, "r1", "app.x", "go", vec![], 0, &mut c)
-            .unwrap();
-        t.submit(&l, id(2), A, "r2", "app.x", "go", vec![], 0, &mut c)
-            .unwrap();
-        let e = t.submit(&l, id(3), A, "r3", "app.x", "go", vec![], 0, &mut c);
+        t.submit(
+            &l,
+            id(1),
+            A,
+            "r1",
+            "app.x",
+            "go",
+            vec![],
+            None,
+            &stranger,
+            0,
+            &mut c,
+        )
+        .unwrap();
+        t.submit(
+            &l,
+            id(2),
+            A,
+            "r2",
+            "app.x",
+            "go",
+            vec![],
+            None,
+            &stranger,
+            0,
+            &mut c,
+        )
+        .unwrap();
+        let e = t.submit(
+            &l,
+            id(3),
+            A,
+            "r3",
+            "app.x",
+            "go",
+            vec![],
+            None,
+            &stranger,
+            0,
+            &mut c,
+        );
         assert_eq!(e.unwrap_err().code, ErrorCode::Overloaded, "A's quota");
-        t.submit(&l, id(4), B, "r1", "app.x", "go", vec![], 0, &mut c)
-            .unwrap();
-        let e = t.submit(&l, id(5), B, "r2", "app.x", "go", vec![], 0, &mut c);
+        t.submit(
+            &l,
+            id(4),
+            B,
+            "r1",
+            "app.x",
+            "go",
+            vec![],
+            None,
+            &stranger,
+            0,
+            &mut c,
+        )
+        .unwrap();
+        let e = t.submit(
+            &l,
+            id(5),
+            B,
+            "r2",
+            "app.x",
+            "go",
+            vec![],
+            None,
+            &stranger,
+            0,
+            &mut c,
+        );
         assert_eq!(
             e.unwrap_err().code,
             ErrorCode::Overloaded,
@@ -504,8 +569,20 @@ mod tests {
         let mut t = TaskTable::default();
         let l = limits();
         let mut c = Change::default();
-        t.submit(&l, id(1), A, "r1", "app.x", "go", vec![], 0, &mut c)
-            .unwrap();
+        t.submit(
+            &l,
+            id(1),
+            A,
+            "r1",
+            "app.x",
+            "go",
+            vec![],
+            None,
+            &stranger,
+            0,
+            &mut c,
+        )
+        .unwrap();
         let mut r = None;
         for n in 0..6u8 {
             r = t.append(
@@ -593,6 +670,8 @@ mod tests {
                 "app.x",
                 "go",
                 vec![],
+                None,
+                &stranger,
                 0,
                 &mut c,
             )
