@@ -520,3 +520,19 @@ async fn costly_tokens_and_floods_of_presentations_stay_bounded() {
         stats.grants_refused
     );
 }
+
+/// A version-1 peer is shown no `core.grants`: a controller verb of it is
+/// `unknown_verb` to such a peer, as to anyone, never `unauthorized`
+/// (which would tell it the verb exists).
+#[tokio::test]
+async fn a_version_1_stranger_is_told_core_grants_does_not_exist() {
+    let node = listening("agent-1").start().await.unwrap();
+    let mut v1 = common::RawPeer::connect(&node).await;
+    for (verb, req) in [("info", "g1"), ("revoke", "g2"), ("present", "g3")] {
+        v1.control("core.grants", verb, req, &common::raw(&NoArgs {}))
+            .await;
+        let body = v1.response(req).await.outcome.unwrap_err();
+        assert_eq!(body.code, ErrorCode::UnknownVerb, "{verb}: {body:?}");
+    }
+    node.shutdown().await;
+}

@@ -250,17 +250,16 @@ impl TaskTable {
                 self.remove(&oldest);
                 change.batch.del_tasks.push(oldest.0.to_vec());
             }
-        } else if self.tasks.len() >= limits.max_tasks - reserve
-            && self
-                .per_sender
-                .iter()
-                .filter(|(who, _)| !priority(who))
-                .map(|(_, n)| n)
-                .sum::<usize>()
-                >= limits.max_tasks - reserve
+        } else if self.tasks.len() >= limits.max_tasks
+            || (self.tasks.len() >= limits.max_tasks - reserve
+                && self
+                    .per_sender
+                    .iter()
+                    .filter(|(who, _)| !priority(who))
+                    .map(|(_, n)| n)
+                    .sum::<usize>()
+                    >= limits.max_tasks - reserve)
         {
-            return Err(full());
-        } else if self.tasks.len() >= limits.max_tasks {
             return Err(full());
         }
         let record = TaskRecord {
