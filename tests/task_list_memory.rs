@@ -2,9 +2,8 @@
 //! where the answer is full: what one list costs in memory is bounded by
 //! the caller's frame, not by `limit` times the largest task (200 tasks
 //! with two bodies of 60 KB each would be 24 MB, read, and as much again
-//! encoded). Measured with a
-//! counting global allocator; this file holds a single test so that
-//! nothing else allocates while it measures.
+//! encoded). Measured with a counting global allocator; this file holds a
+//! single test so that nothing else allocates while it measures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::alloc::System;
