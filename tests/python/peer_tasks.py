@@ -428,8 +428,8 @@ def check_ask_task(a):
           [(1, "state", "submitted", None), (2, "state", "working", None)],
           "the first events: state submitted, then state working once its handler starts (4.10)")
     equal((q["seq"], q["state"]), (3, "input_required"), "the question is event 3, input_required")
-    check(isinstance(q["body"], str) and "go on" in q["body"], "app.agent/work's question: a text asking to go on",
-          q["body"])
+    equal(q["body"], f'{name}: go on with "ask first" (3 steps)?',
+          "app.agent/work's question, as appendix A writes it")
     waiting = a.get(tid)
     equal({k: waiting[k] for k in ("task", "cap", "verb", "state", "seq", "first_seq", "progress", "question",
                                    "question_seq", "result", "error")},
@@ -604,6 +604,10 @@ def check_submit_refusals(a):
     err = a.refused("app.agent", "work", {"steps": 2}, "bad_args")
     err2 = a.refused("app.agent", "work", "just text", "bad_args")
     big = a.refused("app.agent", "work", {"text": "x" * 70_000}, "too_large")
+    # Args that decode but are outside the verb's own bounds (appendix A:
+    # 1 to 1000 steps, at most 60000 ms a step) are refused the same way.
+    steps = a.refused("app.agent", "work", {"text": "many", "steps": 5000}, "bad_args")
+    slow = a.refused("app.agent", "work", {"text": "slow", "step_ms": 60_001}, "bad_args")
     # 4.10, 4.3: a notification-shaped frame for a task verb is dropped.
     a.send(a.control("app.agent", "work", "", {"text": "dropped", "steps": 1, "step_ms": 0}, None))
     after, _ = a.list_all(200)
@@ -611,7 +615,9 @@ def check_submit_refusals(a):
     extra = a.quiet()
     equal(extra, [], "nothing comes back for a notification-shaped submit")
     ok(f"submits refused: args without text -> bad_args ({err['message']!r:.60}), args not a map -> bad_args "
-       f"({err2['message']!r:.60}), args over max_task_body -> too_large ({big['message']!r:.60}); a "
+       f"({err2['message']!r:.60}), args over max_task_body -> too_large ({big['message']!r:.60}), "
+       f"5000 steps -> bad_args ({steps['message']!r:.60}), 60001 ms a step -> bad_args "
+       f"({slow['message']!r:.60}); a "
        "notification-shaped submit: dropped; list: no task made")
 
 
