@@ -848,3 +848,25 @@ async fn the_budget_sent_is_what_is_left_of_the_deadline() {
     assert_eq!(call.await.unwrap().unwrap(), "pong");
     assert_eq!(client.pending_calls(), 0);
 }
+
+/// A notification that arrives just before its sender's close (in the
+/// same transport message, as a client that notifies and exits sends it)
+/// still runs: it was sent, and a notification is never answered, so
+/// nothing else tells the sender it was lost.
+#[tokio::test(flavor = "current_thread")]
+async fn a_notification_sent_just_before_a_close_still_runs() {
+    let (server, counters) = echo_node(Limits::default()).await;
+    for n in 1..=20 {
+        let peer = RawPeer::connect(&server).await;
+        peer.control("app.echo", "note", "", &raw(&format!("last words {n}")))
+            .await;
+        let mut close = Vec::new();
+        capwire::envelope::encode_close(&mut close, capwire::envelope::CloseCode::Normal, "done");
+        peer.send_record(close).await;
+        wait_until("the note before the close ran", || {
+            Counters::get(&counters.notes) == n
+        })
+        .await;
+    }
+    server.shutdown().await;
+}

@@ -480,7 +480,11 @@ impl Driver {
                         self.credits.remove(&id);
                     }
                     Event::Run(ticket, job) => {
-                        if closing {
+                        // A request can no longer be answered; a
+                        // notification that arrived before the close (in
+                        // the same read, say) still runs: it was sent, and
+                        // is never answered anyway.
+                        if closing && ticket.is_request() {
                             self.finished.push((ticket, None));
                             continue;
                         }
