@@ -1,7 +1,7 @@
 //! The node: started from what the Python layer declared, its handlers
 //! bridged to the loop it was started on.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use capwire::envelope::RawValue;
@@ -222,6 +222,10 @@ pub(crate) fn start_node<'py>(
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct Node {
     node: capwire::Node,
+    /// What its peers hold on to it by: weakly, so that a peer kept
+    /// after the node is gone does not keep the node's runtime (and its
+    /// state directory) alive.
+    anchor: Arc<capwire::Node>,
     bridge: Bridge,
     metrics: Arc<Mutex<Vec<MetricsServer>>>,
 }
@@ -290,28 +294,32 @@ impl Node {
         expected: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (address, expected) = (addr(address)?, expected.map(node_id).transpose()?);
-        let (node, bridge) = (self.node.clone(), self.bridge.clone());
+        let (node, weak, bridge) = (self.node.clone(), self.weak(), self.bridge.clone());
         self.bridge.spawn(py, async move {
             let peer = node
                 .connect(&address, expected)
                 .await
                 .map_err(errors::node)?;
-            Ok(Peer::new(peer, bridge))
+            Ok(Peer::new(peer, weak, bridge))
         })
     }
 
     fn connect_invite<'py>(&self, py: Python<'py>, invite: &str) -> PyResult<Bound<'py, PyAny>> {
         let invite: Invite = invite.parse().map_err(value_error)?;
-        let (node, bridge) = (self.node.clone(), self.bridge.clone());
+        let (node, weak, bridge) = (self.node.clone(), self.weak(), self.bridge.clone());
         self.bridge.spawn(py, async move {
             let (peer, reply) = node.connect_invite(&invite).await.map_err(errors::node)?;
             let reply = reply.map(|r| value::serialized(&r)).transpose()?;
-            Ok((Peer::new(peer, bridge), reply))
+            Ok((Peer::new(peer, weak, bridge), reply))
         })
     }
 
     fn peer(&self, id: &str) -> PyResult<Peer> {
-        Ok(Peer::new(self.node.peer(node_id(id)?), self.bridge.clone()))
+        Ok(Peer::new(
+            self.node.peer(node_id(id)?),
+            self.weak(),
+            self.bridge.clone(),
+        ))
     }
 
     #[pyo3(signature = (id, timeout=None))]
@@ -322,13 +330,13 @@ impl Node {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (id, timeout) = (node_id(id)?, seconds(timeout)?);
-        let (node, bridge) = (self.node.clone(), self.bridge.clone());
+        let (node, weak, bridge) = (self.node.clone(), self.weak(), self.bridge.clone());
         self.bridge.spawn(py, async move {
             let peer = node
                 .wait_for_peer(id, timeout)
                 .await
                 .map_err(errors::node)?;
-            Ok(Peer::new(peer, bridge))
+            Ok(Peer::new(peer, weak, bridge))
         })
     }
 
@@ -386,10 +394,15 @@ impl Node {
 impl Node {
     pub(crate) fn from_rust(node: capwire::Node, bridge: Bridge) -> Self {
         Self {
+            anchor: Arc::new(node.clone()),
             node,
             bridge,
             metrics: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    fn weak(&self) -> Weak<capwire::Node> {
+        Arc::downgrade(&self.anchor)
     }
 
     pub(crate) fn bridge(&self) -> &Bridge {

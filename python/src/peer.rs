@@ -1,9 +1,11 @@
 //! Calling a peer: requests, notifications, streams and tasks, each an
 //! awaitable; dropping (cancelling) one sends the peer a cancel.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use capwire::envelope::{RawValue, ReqId};
+use capwire::manifest::VerbKind;
 use capwire::{ItemStream as RustItems, TaskEvents, TaskHandle as RustTask};
 use futures_util::FutureExt;
 use pyo3::prelude::*;
@@ -18,16 +20,77 @@ fn req_id(text: Option<String>) -> PyResult<Option<ReqId>> {
         .transpose()
 }
 
+/// The call that fits a verb of `kind`.
+fn call_for(kind: VerbKind) -> &'static str {
+    match kind {
+        VerbKind::Request => "peer.request()",
+        VerbKind::Notification => "peer.notify()",
+        VerbKind::Stream => "peer.stream()",
+        VerbKind::Task => "peer.submit()",
+    }
+}
+
+/// Refuses, before anything is sent, a call of another kind than the
+/// verb's in the peer's manifest: a request on a stream verb would wait
+/// out its deadline, a stream on a request verb would lose its answer, a
+/// submit on a request verb would run it, a request on a task verb would
+/// start a task. With no session up yet, a contact's session is waited
+/// for (within `within`), as the call itself would (while `node` is
+/// there to tell which peers are its contacts); a verb the manifest
+/// does not list is left for the peer to refuse (`unknown_verb`). What is
+/// left of `within`.
+async fn check_kind(
+    peer: &capwire::Peer,
+    node: &Weak<capwire::Node>,
+    cap: &str,
+    verb: &str,
+    want: VerbKind,
+    within: Duration,
+) -> Result<Duration, Fail> {
+    let started = Instant::now();
+    let mut manifest = peer.manifest();
+    if manifest.is_none()
+        && let Some(node) = node.upgrade()
+        && node
+            .contacts()
+            .iter()
+            .any(|c| capwire::transport::canonical_node_id(&c.id) == peer.id())
+        && node.wait_for_peer(peer.id(), within).await.is_ok()
+    {
+        manifest = peer.manifest();
+    }
+    let kind = manifest
+        .as_deref()
+        .and_then(|m| m.capability(cap))
+        .and_then(|c| c.verb(verb))
+        .map(|v| v.kind);
+    match kind {
+        Some(kind) if kind != want => Err(Fail::class(
+            "WrongKind",
+            format!(
+                "{cap}/{verb} is a {kind} verb, not a {want}: call it with {}, not {}",
+                call_for(kind),
+                call_for(want)
+            ),
+            None,
+        )),
+        _ => Ok(within.saturating_sub(started.elapsed())),
+    }
+}
+
 /// A peer, by its node id; sessions are made as needed.
 #[pyclass(frozen, module = "capwire._capwire")]
 pub(crate) struct Peer {
     peer: capwire::Peer,
+    /// The node calling it (for a contact's session, awaited before a
+    /// call's kind is checked); weakly held, as a peer may outlive it.
+    node: Weak<capwire::Node>,
     bridge: Bridge,
 }
 
 impl Peer {
-    pub(crate) fn new(peer: capwire::Peer, bridge: Bridge) -> Self {
-        Self { peer, bridge }
+    pub(crate) fn new(peer: capwire::Peer, node: Weak<capwire::Node>, bridge: Bridge) -> Self {
+        Self { peer, node, bridge }
     }
 }
 
@@ -62,8 +125,10 @@ impl Peer {
             seconds(timeout)?,
             self::req_id(req_id)?,
         );
-        let peer = self.peer.clone();
+        let (peer, node) = (self.peer.clone(), self.node.clone());
         self.bridge.run_here(py, async move {
+            let deadline =
+                check_kind(&peer, &node, &cap, &verb, VerbKind::Request, deadline).await?;
             let result = match req_id {
                 Some(id) => {
                     peer.call_raw_with_id(&cap, &verb, &args, &id, deadline)
@@ -85,8 +150,10 @@ impl Peer {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (args, deadline) = (value::encode(args)?, seconds(timeout)?);
-        let peer = self.peer.clone();
+        let (peer, node) = (self.peer.clone(), self.node.clone());
         self.bridge.run_here(py, async move {
+            let deadline =
+                check_kind(&peer, &node, &cap, &verb, VerbKind::Notification, deadline).await?;
             peer.notify_raw_within(&cap, &verb, &args, deadline)
                 .await
                 .map_err(errors::call)
@@ -104,9 +171,13 @@ impl Peer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let args = value::encode(args)?;
         let deadline = timeout.map(|t| seconds(Some(t))).transpose()?;
-        let peer = self.peer.clone();
+        let open_within = deadline.map_or_else(|| seconds(None), Ok)?;
+        let (peer, node) = (self.peer.clone(), self.node.clone());
         let bridge = self.bridge.clone();
         self.bridge.run_here(py, async move {
+            let left = check_kind(&peer, &node, &cap, &verb, VerbKind::Stream, open_within).await?;
+            // A stream's own deadline (when it has one) bounds all of it.
+            let deadline = deadline.map(|_| left);
             let items = peer
                 .stream_raw(&cap, &verb, &args, deadline)
                 .await
@@ -130,9 +201,10 @@ impl Peer {
             seconds(timeout)?,
             self::req_id(req_id)?,
         );
-        let peer = self.peer.clone();
+        let (peer, node) = (self.peer.clone(), self.node.clone());
         let bridge = self.bridge.clone();
         self.bridge.run_here(py, async move {
+            let deadline = check_kind(&peer, &node, &cap, &verb, VerbKind::Task, deadline).await?;
             let task = peer
                 .submit_raw(&cap, &verb, &args, req_id.as_ref(), deadline)
                 .await

@@ -37,6 +37,7 @@ __all__ = [
     "ReqIdInUse",
     "InvalidInvite",
     "Unsupported",
+    "WrongKind",
     "NodeError",
     "StreamClosed",
     "TaskError",
@@ -197,6 +198,14 @@ class InvalidInvite(CapwireError, ValueError):
 
 class Unsupported(CapwireError):
     """The peer speaks protocol 1 only, which has no streams or tasks."""
+
+
+class WrongKind(CapwireError, TypeError):
+    """The verb is of another kind than the call: ``request()`` on a
+    stream, notification or task verb, ``stream()`` on a request verb,
+    ``submit()`` on a request verb, ... The peer's manifest says so, and
+    the call is refused before anything is sent. The message names the
+    call that fits."""
 
 
 class NodeError(CapwireError):
