@@ -3,8 +3,10 @@
 configuration, status, manifest and metrics."""
 
 import asyncio
+import gc
 import re
 import urllib.request
+from pathlib import Path
 
 import capwire
 from conftest import Ctl, Nodes, wait_until
@@ -248,3 +250,59 @@ async def test_invite_for_expected_control_plane_only(nodes: Nodes) -> None:
     else:
         raise AssertionError("an invite for another control plane bound")
     assert node.controller is None
+
+
+async def test_invite_on_a_bound_node_needs_rebind(nodes: Nodes) -> None:
+    node = await nodes.start("py-admin", admin_cap([]))
+    plane = await nodes.start("py-plane", listen=False)
+    await asyncio.wait_for(plane.connect_invite(node.invite()), 10)
+    assert node.controller == plane.id
+
+    # Bound: an invite would let any other control plane take the node.
+    try:
+        node.invite()
+    except capwire.AlreadyBound as e:
+        assert isinstance(e, capwire.CapwireError)
+        assert "rebind=True" in e.message
+    else:
+        raise AssertionError("a bound node gave an invite without rebind=True")
+    assert node.manifest()["monitoring"] == "on"
+
+    # Asked for, the rebind moves the node to the control plane that uses it.
+    other = await nodes.start("other-plane", listen=False)
+    invite = node.invite(rebind=True)
+    await asyncio.wait_for(other.connect_invite(invite), 10)
+    assert node.controller == other.id
+    try:
+        node.invite(expected=plane.id)
+    except capwire.AlreadyBound:
+        pass
+    else:
+        raise AssertionError("a bound node gave an invite without rebind=True")
+
+    # Unbound, it gives one again.
+    assert await node.unbind() == other.id
+    assert node.invite().startswith(f"capwire://{node.id}@")
+
+
+async def test_restarted_bound_node_gives_no_invite(nodes: Nodes, tmp_path: Path) -> None:
+    """An agent with a state directory, started again: it comes back bound
+    and must not open a bind for anyone else."""
+    state = tmp_path / "agent"
+    plane = await nodes.start("py-plane", listen=False)
+    builder = capwire.Node.builder("py-admin").listen("127.0.0.1:0").state_dir(str(state))
+    async with builder.start() as first:
+        first_id = first.id
+        await asyncio.wait_for(plane.connect_invite(first.invite()), 10)
+    del first
+    gc.collect()  # its state directory is free once the node is gone
+
+    again = await nodes.start("py-admin", admin_cap([]), state_dir=str(state))
+    assert again.id == first_id and again.controller == plane.id
+    try:
+        again.invite()
+    except capwire.AlreadyBound:
+        pass
+    else:
+        raise AssertionError("a restarted bound node gave an invite")
+    assert again.controller == plane.id and again.manifest()["monitoring"] == "on"

@@ -38,6 +38,7 @@ __all__ = [
     "InvalidInvite",
     "Unsupported",
     "WrongKind",
+    "AlreadyBound",
     "NodeError",
     "StreamClosed",
     "TaskError",
@@ -206,6 +207,12 @@ class WrongKind(CapwireError, TypeError):
     ``submit()`` on a request verb, ... The peer's manifest says so, and
     the call is refused before anything is sent. The message names the
     call that fits."""
+
+
+class AlreadyBound(CapwireError):
+    """``node.invite()`` on a node that has a control plane: an invite
+    would open a rebind that any other control plane presenting it could
+    take. ``node.invite(rebind=True)`` asks for one."""
 
 
 class NodeError(CapwireError):

@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from . import _capwire
 from ._capability import Capability
+from ._errors import AlreadyBound
 from ._runtime import bridge
 from ._values import plain, validate_result
 
@@ -122,13 +123,27 @@ class Node:
     def manifest(self) -> dict[str, Any]:
         return self._native.manifest()  # type: ignore[no-any-return]
 
-    def invite(self, expected: str | None = None) -> str:
+    def invite(self, expected: str | None = None, *, rebind: bool = False) -> str:
         """A fresh one-time invite (``capwire://ID@ADDR#CODE``) that binds
         this node to the control plane that presents it (only ``expected``
-        when given), replacing any earlier one."""
+        when given), replacing any earlier one.
+
+        A node that is bound already (``controller`` is not ``None``, as
+        after a restart with a ``state_dir``) raises ``AlreadyBound``:
+        its invite would let any other control plane that presents it take
+        the node over. ``rebind=True`` asks for that invite all the same
+        (to move the node to another control plane)."""
+        if not rebind:
+            controller = self.controller
+            if controller is not None:
+                raise AlreadyBound(
+                    f"this node is bound to {controller[:16]}...: it needs no invite "
+                    "(invite(rebind=True) opens a bind that another control plane can take)"
+                )
         return self._native.invite(expected)
 
     def cancel_invite(self) -> None:
+        """Withdraws the pending invite (its code stops working)."""
         self._native.cancel_invite()
 
     @property
