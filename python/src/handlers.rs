@@ -12,10 +12,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use capwire::envelope::{ErrorCode, RawValue};
-use capwire::{HandlerError, Items, Meta, Sender, Task};
+use capwire::{HandlerError, Items, Meta, Sender, Task, TaskError};
+use futures_util::FutureExt;
 use pyo3::prelude::*;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::bridge::Bridge;
 use crate::errors;
@@ -169,6 +171,25 @@ pub(crate) struct TaskContext {
     task: Arc<Task>,
     sender: String,
     bridge: Bridge,
+    /// Fired once the handler's run is over: its asyncio task was told to
+    /// cancel, or it ended.
+    over: CancellationToken,
+}
+
+/// How a task's progress or question that failed ends for the handler.
+///
+/// When the task was cancelled (or the node stops), the runtime drops the
+/// handler, and its asyncio task is cancelled; the failed write's error
+/// must not reach the handler first (`TaskError` where it was promised
+/// `asyncio.CancelledError`). So it waits until the cancel was delivered:
+/// the handler then sees `CancelledError` whatever the order in which the
+/// two came to the loop. (Awaited from another asyncio task than the
+/// handler's, it ends with the error after that.)
+async fn task_failed(task: &Task, over: &CancellationToken, e: TaskError) -> errors::Fail {
+    if e == TaskError::Ended && task.cancelled().now_or_never().is_some() {
+        over.cancelled().await;
+    }
+    errors::task(e)
 }
 
 #[pymethods]
@@ -198,9 +219,12 @@ impl TaskContext {
         value: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let raw = value::encode(value)?;
-        let task = Arc::clone(&self.task);
+        let (task, over) = (Arc::clone(&self.task), self.over.clone());
         self.bridge.run_here(py, async move {
-            task.progress(&raw).await.map_err(errors::task)
+            match task.progress(&raw).await {
+                Ok(()) => Ok(()),
+                Err(e) => Err(task_failed(&task, &over, e).await),
+            }
         })
     }
 
@@ -215,10 +239,12 @@ impl TaskContext {
         let raw = value::encode(question)?;
         let within = Duration::try_from_secs_f64(within)
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
-        let task = Arc::clone(&self.task);
+        let (task, over) = (Arc::clone(&self.task), self.over.clone());
         self.bridge.run_here(py, async move {
-            let answer: ciborium::Value = task.ask(&raw, within).await.map_err(errors::task)?;
-            Ok(Cbor(answer))
+            match task.ask::<_, ciborium::Value>(&raw, within).await {
+                Ok(answer) => Ok(Cbor(answer)),
+                Err(e) => Err(task_failed(&task, &over, e).await),
+            }
         })
     }
 }
@@ -227,23 +253,28 @@ impl TaskContext {
 type Slot = Mutex<Option<Py<PyAny>>>;
 
 /// A started handler: its asyncio task is cancelled if the runtime lets
-/// go of the handler before it ended.
+/// go of the handler before it ended. `over` is fired once that cancel
+/// was delivered, or at once when the handler had ended.
 struct Running {
     bridge: Bridge,
     slot: Option<Arc<Slot>>,
+    over: CancellationToken,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
+        let over = self.over.clone();
+        match self.slot.take() {
             // Queued after the start: the task exists by then (or never
             // will).
-            self.bridge.push(Box::new(move |py| {
+            Some(slot) => self.bridge.push(Box::new(move |py| {
                 let task = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
                 if let Some(task) = task {
                     let _ = task.call_method0(py, "cancel");
                 }
-            }));
+                over.cancel();
+            })),
+            None => over.cancel(),
         }
     }
 }
@@ -261,6 +292,8 @@ struct Call {
     args: ciborium::Value,
     ctx: Context,
     extra: Extra,
+    /// See [`Running`].
+    over: CancellationToken,
 }
 
 /// Starts `call` as a task on the loop (on its thread); it tells `done`
@@ -277,6 +310,7 @@ fn start(
         args,
         ctx,
         extra,
+        over,
     } = call;
     let args = value::to_py(py, &args, 0)?;
     let sender = ctx.sender.clone();
@@ -296,6 +330,7 @@ fn start(
                 task,
                 sender,
                 bridge: bridge.clone(),
+                over,
             },
         )?
         .into_any(),
@@ -325,11 +360,13 @@ pub(crate) async fn run(
         deadline: meta.deadline,
     };
     let slot: Arc<Slot> = Arc::new(Mutex::new(None));
+    let over = CancellationToken::new();
     let call = Call {
         invoke,
         args,
         ctx,
         extra,
+        over: over.clone(),
     };
     let on_loop = (bridge.clone(), Arc::clone(&slot));
     bridge.push(Box::new(move |py| {
@@ -352,6 +389,7 @@ pub(crate) async fn run(
     let mut running = Running {
         bridge,
         slot: Some(slot),
+        over,
     };
     let outcome = rx.await;
     running.slot = None;

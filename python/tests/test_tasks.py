@@ -166,3 +166,51 @@ async def test_same_req_id_is_the_same_task(nodes: Nodes) -> None:
     second = await asyncio.wait_for(peer.submit("app.jobs", "sleepy", 0.01, req_id="job-1"), 10)
     assert first.id == second.id
     assert await asyncio.wait_for(first.result(), 10) == "awake"
+
+
+def asking_cap(seen: dict[int, str]) -> capwire.Capability:
+    cap = capwire.Capability("app.asking", "1.0.0")
+
+    @cap.task("ask")
+    async def ask(n: int, task: capwire.Task) -> str:
+        try:
+            await task.ask(f"question {n}", bool, within=60)
+        except asyncio.CancelledError:
+            seen[n] = "CancelledError"
+            raise
+        except BaseException as e:
+            seen[n] = repr(e)
+            raise
+        seen[n] = "answered"
+        return "answered"
+
+    return cap
+
+
+async def test_cancel_while_the_handler_asks_is_cancelled_error_every_time(nodes: Nodes) -> None:
+    """The cancel reaches the handler as asyncio.CancelledError inside
+    task.ask, never as the failed question's TaskError, however soon after
+    the question it comes (the two race to the loop)."""
+    seen: dict[int, str] = {}
+    _, _, peer = await nodes.pair(asking_cap(seen))
+    count, at_once = 180, 20
+    delays = [(n % 41) * 0.005 for n in range(count)]  # 0 to 200 ms after the question
+
+    async def cancel_after_question(n: int) -> None:
+        handle = await peer.submit("app.asking", "ask", n)
+        async for ev in handle.events():
+            if ev.kind == "question":
+                break
+        if delays[n]:
+            await asyncio.sleep(delays[n])
+        info = await handle.cancel()
+        assert info["state"] == "canceled", info
+        with pytest.raises(capwire.Cancelled):
+            await handle.result()
+
+    for first in range(0, count, at_once):
+        batch = range(first, min(first + at_once, count))
+        await asyncio.wait_for(asyncio.gather(*(cancel_after_question(n) for n in batch)), 60)
+    await wait_until(lambda: len(seen) == count, 20, what="every handler ending")
+    wrong = {n: what for n, what in seen.items() if what != "CancelledError"}
+    assert not wrong, f"{len(wrong)} of {count} handlers did not see CancelledError: {sorted(wrong.items())[:5]}"

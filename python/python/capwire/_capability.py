@@ -55,13 +55,17 @@ class Task:
 
     async def progress(self, value: Any) -> None:
         """Writes a ``progress`` event with ``value`` (durably) before it
-        returns."""
+        returns. Raises ``TaskError`` when it could not be written (a
+        cancel of the task meanwhile raises ``asyncio.CancelledError``)."""
         await self._native.progress(plain(value))
 
     async def ask(self, question: Any, answer: type[T] = typing.Any, *, within: float = 300.0) -> T:  # type: ignore[assignment]
         """Asks a question and waits at most ``within`` seconds for the
         answer (given with ``core.tasks/respond``), validated as
-        ``answer``. Raises ``NoAnswer`` when none came in time."""
+        ``answer``. Raises ``NoAnswer`` when none came in time, ``BadArgs``
+        when the answer does not fit ``answer``, ``TaskError`` when the
+        question could not be written. A cancel of the task meanwhile
+        cancels the handler here (``asyncio.CancelledError``)."""
         raw = await self._native.ask(plain(question), within)
         try:
             return adapter(typing.cast(Any, answer)).validate_python(raw)  # type: ignore[no-any-return]
