@@ -92,7 +92,7 @@ fn class_of(code: &ErrorCode) -> &'static str {
 }
 
 /// An error answer from a peer.
-fn remote(body: &ErrorBody) -> Fail {
+pub(crate) fn remote(body: &ErrorBody) -> Fail {
     Fail::Class {
         class: class_of(&body.code),
         message: body.message.clone(),

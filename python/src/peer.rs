@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use capwire::envelope::{RawValue, ReqId};
 use capwire::manifest::VerbKind;
-use capwire::{ItemStream as RustItems, TaskEvents, TaskHandle as RustTask};
+use capwire::{CallError, ItemStream as RustItems, TaskEvents, TaskHandle as RustTask};
 use futures_util::FutureExt;
 use pyo3::prelude::*;
 
@@ -335,10 +335,16 @@ impl TaskHandle {
         })
     }
 
+    /// The task's result, or the error it ended with: its own code and
+    /// message (a `cancelled` task's message too, which the Rust error
+    /// for it does not carry).
     fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let task = self.task.clone();
         self.bridge.run_here(py, async move {
-            value::cbor(&task.result().await.map_err(errors::call)?)
+            match task.result().await {
+                Ok(result) => value::cbor(&result),
+                Err(e) => Err(ended_with(&task, e).await),
+            }
         })
     }
 
@@ -378,6 +384,26 @@ impl TaskHandle {
                 bridge,
             })
         })
+    }
+}
+
+/// The error of a task's end, as the task's record has it when `e` is an
+/// error that carries no message of its own (`cancelled`, `timeout`,
+/// `overloaded`, `too_large`); otherwise `e`.
+async fn ended_with(task: &RustTask<RawValue>, e: CallError) -> Fail {
+    let code = match e {
+        CallError::Cancelled => "cancelled",
+        CallError::Timeout => "timeout",
+        CallError::Overloaded => "overloaded",
+        CallError::TooLarge => "too_large",
+        _ => return errors::call(e),
+    };
+    match task.get().await {
+        Ok(info) if info.state.is_final() => match info.error {
+            Some(body) if body.code.as_str() == code => errors::remote(&body),
+            _ => errors::call(e),
+        },
+        _ => errors::call(e),
     }
 }
 

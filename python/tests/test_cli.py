@@ -148,11 +148,13 @@ async def test_ctl_task_wait_answer(bound: tuple[capwire.Node, dict, str], ctl: 
     assert events[-1]["event"] == "result" and events[-1]["state"] == "completed"
     assert events[-1]["body"] == "index: done"
     assert seen["task_sender"] == ctl_id
-    # The text form, answered no: the handler raises Cancelled, the task fails.
+    # The text form, answered no: the handler raises Cancelled("told to
+    # stop"), so the task ends canceled (exit 7), with the handler's message.
     done = await ctl("call", "py", "app.py", "job", "--args", '{"text": "t", "steps": 1}', "--wait", "--answer", "false")
-    assert done.rc == 4, str(done)
+    assert done.rc == 7, str(done)
     assert done.out.startswith("task "), str(done)
-    assert "answer   false" in done.out and "failed" in done.out, str(done)
+    assert "answer   false" in done.out and "canceled" in done.out and "failed" not in done.out, str(done)
+    assert "cancelled: told to stop" in done.out, str(done)
     assert "told to stop" in done.err, str(done)
 
 

@@ -184,6 +184,12 @@ def asking_cap(seen: dict[int, str]) -> capwire.Capability:
         seen[n] = "answered"
         return "answered"
 
+    @cap.task("decline")
+    async def decline(why: str, task: capwire.Task) -> str:
+        if not await task.ask("go on?", bool, within=60):
+            raise capwire.Cancelled(why)
+        return "went on"
+
     return cap
 
 
@@ -214,3 +220,34 @@ async def test_cancel_while_the_handler_asks_is_cancelled_error_every_time(nodes
     await wait_until(lambda: len(seen) == count, 20, what="every handler ending")
     wrong = {n: what for n, what in seen.items() if what != "CancelledError"}
     assert not wrong, f"{len(wrong)} of {count} handlers did not see CancelledError: {sorted(wrong.items())[:5]}"
+
+
+async def test_handler_raising_cancelled_cancels_its_task_with_its_message(nodes: Nodes) -> None:
+    _, _, peer = await nodes.pair(asking_cap({}))
+    handle = await asyncio.wait_for(peer.submit("app.asking", "decline", "not today"), 10)
+
+    async def decline() -> None:
+        async for ev in handle.events():
+            if ev.kind == "question":
+                await handle.respond(False)
+                return
+
+    await asyncio.wait_for(decline(), 10)
+    with pytest.raises(capwire.Cancelled) as info:
+        await asyncio.wait_for(handle.result(), 10)
+    assert info.value.code == "cancelled" and info.value.message == "not today"
+    record = await asyncio.wait_for(handle.get(), 10)
+    assert record["state"] == "canceled", record
+    assert record["error"] == {"code": "cancelled", "message": "not today"}, record
+    last = [ev async for ev in handle.events()][-1]
+    assert last.final and last.state == "canceled" and last.body == {"code": "cancelled", "message": "not today"}
+
+
+async def test_task_cancelled_by_its_submitter_says_so(nodes: Nodes) -> None:
+    seen: dict[int, str] = {}
+    _, _, peer = await nodes.pair(asking_cap(seen))
+    handle = await asyncio.wait_for(peer.submit("app.asking", "ask", 1), 10)
+    await asyncio.wait_for(handle.cancel(), 10)
+    with pytest.raises(capwire.Cancelled) as info:
+        await asyncio.wait_for(handle.result(), 10)
+    assert info.value.message == "cancelled by its submitter"
