@@ -3,10 +3,11 @@ handler's own exception stays on its node (logged), the caller gets
 `internal` with no detail."""
 
 import asyncio
+import json
 import logging
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 import capwire
 from conftest import Nodes
@@ -20,6 +21,14 @@ class Order(BaseModel):
 class Receipt(BaseModel):
     item: str
     total: int
+
+
+class Strict(BaseModel):
+    """Args as the README advises: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    loud: bool = False
 
 
 SECRET = "the database password is hunter2"
@@ -59,6 +68,16 @@ def cap_under_test(ran: list) -> capwire.Capability:
     @cap.request("unsendable")
     async def unsendable(x: int) -> object:
         return object()
+
+    @cap.request("strict")
+    async def strict(args: Strict) -> str:
+        ran.append(("strict", args))
+        return args.name.upper() if args.loud else args.name
+
+    @cap.task("strict_task")
+    async def strict_task(args: Strict, task: capwire.Task) -> str:
+        ran.append(("strict_task", args))
+        return args.name
 
     @cap.task("task_boom")
     async def task_boom(x: int, task: capwire.Task) -> int:
@@ -210,3 +229,21 @@ async def test_unreachable_and_encode_errors(nodes: Nodes) -> None:
         await asyncio.wait_for(p.notify("app.err", "order", object()), 10)
     with pytest.raises(ValueError):
         client.peer("not a node id")
+
+
+async def test_misspelt_optional_argument_of_a_forbidding_model_is_bad_args(nodes: Nodes) -> None:
+    ran: list = []
+    server, _, p = await nodes.pair(cap_under_test(ran))
+    assert await asyncio.wait_for(p.request("app.err", "strict", {"name": "ada", "loud": True}), 10) == "ADA"
+    with pytest.raises(capwire.BadArgs) as info:
+        await asyncio.wait_for(p.request("app.err", "strict", {"name": "ada", "lowd": True}), 10)
+    assert "lowd" in info.value.message
+    with pytest.raises(capwire.BadArgs) as info:
+        await asyncio.wait_for(p.submit("app.err", "strict_task", {"name": "ada", "lowd": True}), 10)
+    assert "lowd" in info.value.message
+    assert [r[0] for r in ran] == ["strict"]
+    # The manifest's schema says so to every caller.
+    (cap,) = [c for c in server.manifest()["capabilities"] if c["id"] == "app.err"]
+    (verb,) = [v for v in cap["verbs"] if v["name"] == "strict"]
+    schema = json.loads(verb["args_schema"])
+    assert schema["additionalProperties"] is False, schema

@@ -34,6 +34,7 @@ class NodeBuilder:
         return self
 
     def description(self, text: str) -> NodeBuilder:
+        """The node's description in its manifest (default: none)."""
         self._opts["description"] = text
         return self
 
@@ -181,9 +182,14 @@ class Node:
         return Peer(self._native.peer(node_id))
 
     async def wait_for_peer(self, node_id: str, timeout: float | None = None) -> Peer:
+        """Waits until a session with ``node_id`` is up, whichever side
+        dialled (a contact being dialled, a peer that connects to this
+        node), at most ``timeout`` seconds (default 30): raises
+        ``Timeout`` when none came up."""
         return Peer(await self._native.wait_for_peer(node_id, timeout))
 
     def connected_peers(self) -> list[str]:
+        """The ids of the nodes this one has a session with now."""
         return self._native.connected_peers()
 
     def metrics_text(self) -> str:
@@ -338,18 +344,24 @@ class Stream(Generic[T]):
 class TaskEvent:
     """One event of a task's log."""
 
+    #: Its number in the task's log, from 1, in order.
     seq: int
-    #: ``submitted``, ``started``, ``progress``, ``question``, ``answer``,
-    #: ``completed``, ``error``, ``cancelled``, ...
+    #: ``state``, ``progress``, ``question``, ``answer``, ``result`` or
+    #: ``error``.
     kind: str
-    #: The task's state after it: ``working``, ``input_required``,
-    #: ``completed``, ``failed``, ``canceled``, ...
+    #: The task's state after it: ``submitted``, ``working``,
+    #: ``input_required``, ``completed``, ``failed``, ``canceled`` or
+    #: ``rejected``.
     state: str
+    #: The progress value, question, answer or result; an error's
+    #: ``{"code": ..., "message": ...}``.
     body: Any
+    #: When it happened, in milliseconds since the Unix epoch.
     at_ms: int
 
     @property
     def final(self) -> bool:
+        """``True`` for the task's last event (it has ended)."""
         return self.state in ("completed", "failed", "canceled", "rejected")
 
 
