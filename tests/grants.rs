@@ -536,3 +536,58 @@ async fn a_version_1_stranger_is_told_core_grants_does_not_exist() {
     }
     node.shutdown().await;
 }
+
+/// A token is valid through the second its expiry names, and not a call
+/// after: an answer cached in that last second does not let calls through
+/// for the rest of a minute.
+#[tokio::test]
+async fn no_call_goes_through_after_the_second_a_token_expires() {
+    let t = three(listening("agent-1")).await;
+    let token = grant(
+        &t,
+        vec![Right::verb("core.configuration", "get_config")],
+        Duration::from_secs(2),
+    )
+    .await;
+    let reply = t.from_worker.present(&token).await.unwrap();
+    // Valid through the whole second it names, and not after.
+    let end = SystemTime::UNIX_EPOCH + Duration::from_millis(reply.expires_ms + 1_000);
+    let mut allowed = 0;
+    let mut refused_since = None;
+    let stop = end + Duration::from_secs(3);
+    while SystemTime::now() < stop {
+        let started = SystemTime::now();
+        match t.from_worker.request(GetConfig, NoArgs {}).await {
+            Ok(_) => {
+                allowed += 1;
+                assert!(
+                    started < end,
+                    "a call made {:?} after the token's last second went through",
+                    started.duration_since(end).unwrap()
+                );
+                assert!(refused_since.is_none(), "allowed again after a refusal");
+            }
+            Err(e) => {
+                let body = remote(Err::<(), _>(e));
+                assert!(body.message.contains("expired"), "{}", body.message);
+                refused_since.get_or_insert(started);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(allowed > 0);
+    assert!(refused_since.is_some(), "refused once it expired");
+    // A node refuses what it would refuse at presentation anyway: a
+    // control plane cannot mint a token for longer than 30 days.
+    let long =
+        t.b.cp
+            .grant(
+                &t.b.peer,
+                t.worker.id(),
+                t.worker.grant_key(),
+                vec![Right::verb("core.configuration", "get_config")],
+                Duration::from_secs(31 * 86_400),
+            )
+            .await;
+    assert!(matches!(long, Err(GrantCallError::TooLong)), "{long:?}");
+}

@@ -1000,24 +1000,62 @@ async fn pushes_the_control_plane_missed_are_counted_in_the_next() {
     let (b, _probe) = worker(Limits::default());
     let w = b.start().await.unwrap();
     let (_c, submitter) = stranger(&w).await;
-    // No control plane yet: these three pushes (submitted, working,
-    // completed) go nowhere.
-    let missed = submitter.submit(Echo, "early".into()).await.unwrap();
-    missed.result().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let cp = Node::builder("control-plane").start().await.unwrap();
-    let mut rx = cp.control_events();
+    // Before any control plane is bound, changes are pushed to nobody,
+    // and nobody is told of them.
+    submitter
+        .submit(Echo, "unbound".into())
+        .await
+        .unwrap()
+        .result()
+        .await
+        .unwrap();
+    let key = Keypair::generate().unwrap();
+    let cp = Node::builder("control-plane")
+        .keypair(key.clone())
+        .start()
+        .await
+        .unwrap();
     let invite = w.invite(Some(cp.id())).unwrap();
     cp.connect_invite(&invite).await.unwrap();
-    let task = submitter.submit(Echo, "late".into()).await.unwrap();
-    let seen = events_until(&mut rx, "the first push", |e| {
+    let mut rx = cp.control_events();
+    let first = submitter.submit(Echo, "seen".into()).await.unwrap();
+    first.result().await.unwrap();
+    let seen = events_until(&mut rx, "the first task's end", |e| {
+        matches!(e, ControlEvent::Task { change, .. } if change.state == TaskState::Completed)
+    })
+    .await;
+    for e in &seen {
+        if let ControlEvent::Task { change, .. } = e {
+            assert_eq!(change.dropped, 0, "{change:?}");
+        }
+    }
+    // The control plane goes away for longer than a push waits for it
+    // (10 s): the first push of the next task is not delivered.
+    cp.shutdown().await;
+    drop((cp, rx));
+    let missed = submitter.submit(Echo, "missed".into()).await.unwrap();
+    missed.result().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let cp = Node::builder("control-plane")
+        .keypair(key)
+        .start()
+        .await
+        .unwrap();
+    let mut rx = cp.control_events();
+    cp.connect(&w.local_addrs()[0], Some(w.id())).await.unwrap();
+    let seen = events_until(&mut rx, "a push after the gap", |e| {
         matches!(e, ControlEvent::Task { .. })
     })
     .await;
     let Some(ControlEvent::Task { change, .. }) = seen.last() else {
         panic!("a push");
     };
-    assert_eq!(change.task, task.id());
-    assert_eq!(change.dropped, 3, "the pushes no control plane took");
+    assert_eq!(change.task, missed.id());
+    assert!(change.dropped >= 1, "the missed push is counted: {change:?}");
+    assert_eq!(
+        change.dropped + 1,
+        change.seq,
+        "each change not delivered is counted: {change:?}"
+    );
     w.shutdown().await;
 }

@@ -143,7 +143,7 @@ pub struct CopyRecord {
     pub truncated: bool,
     /// The token (its first revocation id, hex) that let this inbound
     /// controller call through for a sender that is not the control plane
-    /// (`core.grants`, WIRE.md 5.7); absent otherwise.
+    /// (`core.grants`, WIRE.md 5.5); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<String>,
 }

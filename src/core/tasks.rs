@@ -267,25 +267,26 @@ const PUSH_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Pushes the node's task state changes to its bound control plane
 /// (`core.tasks/changed`), in order, until `stop`. A push that is not
-/// delivered (no control plane bound, one that speaks protocol 1, the
+/// delivered to the control plane bound (it speaks protocol 1, the
 /// binding changed, no session or no room within the deadline) is
 /// counted in the next one's `dropped`, as are those the full queue left
-/// out: a control plane that sees `dropped` above 0 lists.
+/// out: a control plane that sees `dropped` above 0 lists. With no
+/// control plane bound, there is nobody to tell.
 pub(crate) async fn push_loop(
     core: Arc<CoreState>,
     service: Arc<TaskService>,
     stop: CancellationToken,
 ) {
     loop {
-        let Some(change) = service.next_push() else {
+        let binding = core.control.binding();
+        let Some(change) = service.next_push(binding.epoch()) else {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = service.push_ready() => continue,
             }
         };
-        let binding = core.control.binding();
         let Some(cp) = binding.controller().copied() else {
-            service.undelivered(&change);
+            service.unsent();
             continue;
         };
         let peer = core.handle.peer(cp);
@@ -308,11 +309,11 @@ pub(crate) async fn push_loop(
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::debug!("task push not sent: the binding changed, or the control plane speaks protocol 1");
-                    service.undelivered(&change);
+                    service.undelivered(&change, binding.epoch());
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "task push not delivered");
-                    service.undelivered(&change);
+                    service.undelivered(&change, binding.epoch());
                 }
             }
         }

@@ -9,6 +9,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
 
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId, RawValue};
+use capwire_manifest::VerbKind;
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
@@ -112,8 +113,13 @@ pub(crate) fn start(
     }
     let deadline = tokio::time::Instant::from_std(job.deadline);
     // Work a controller verb starts holds the authority it was admitted
-    // on: a stream asks it before each item and ends when it is gone.
-    let authority = dispatcher.authorities().of_permit(&job.permit);
+    // on: a stream asks it before each item and ends when it is gone, a
+    // task keeps it while it runs. A request needs none (it ends with its
+    // answer).
+    let outlives = matches!(job.permit.info().kind(), VerbKind::Stream | VerbKind::Task);
+    let authority = outlives
+        .then(|| dispatcher.authorities().of_permit(&job.permit))
+        .flatten();
     let stream = stream.map(|mut s| {
         s.authority.clone_from(&authority);
         s

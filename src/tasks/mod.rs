@@ -195,7 +195,7 @@ pub(crate) struct TaskService {
     control: Arc<Control>,
     watchers: Mutex<HashMap<TaskId, Arc<Notify>>>,
     runs: Mutex<HashMap<TaskId, Run>>,
-    pushes: Mutex<(VecDeque<TaskChanged>, u64)>,
+    pushes: Mutex<Pushes>,
     /// Events written, and pushes dropped, since the node started.
     events_written: AtomicU64,
     pushes_dropped: AtomicU64,
@@ -208,6 +208,28 @@ pub(crate) struct TaskService {
     /// strangers (set once the peer table exists): capacity is kept for
     /// the first.
     priority: OnceLock<Priority>,
+}
+
+/// The state changes waiting to be pushed to the control plane.
+#[derive(Debug, Default)]
+struct Pushes {
+    queue: VecDeque<TaskChanged>,
+    /// Pushes meant for the control plane of binding `epoch` and not
+    /// delivered since the last one that was: the next one's `dropped`.
+    dropped: u64,
+    epoch: u64,
+}
+
+impl Pushes {
+    /// Counts `n` pushes left out for the control plane of `epoch`; a
+    /// count for an earlier binding is not this control plane's.
+    fn missed(&mut self, epoch: u64, n: u64) {
+        if self.epoch != epoch {
+            self.epoch = epoch;
+            self.dropped = 0;
+        }
+        self.dropped = self.dropped.saturating_add(n);
+    }
 }
 
 /// Whether a submitter is the bound control plane or a contact.
@@ -291,7 +313,7 @@ impl TaskService {
             control,
             watchers: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
-            pushes: Mutex::new((VecDeque::new(), 0)),
+            pushes: Mutex::new(Pushes::default()),
             events_written: AtomicU64::new(0),
             pushes_dropped: AtomicU64::new(0),
             push_ready: Notify::new(),
@@ -308,8 +330,11 @@ impl TaskService {
         let _ = self.priority.set(priority);
     }
 
-    fn is_priority(&self, who: &NodeId) -> bool {
-        self.control.binding().is_controller(who) || self.priority.get().is_some_and(|p| p(who))
+    /// Tells the bound control plane (as bound now) and contacts from
+    /// strangers.
+    fn priority(&self) -> impl Fn(&NodeId) -> bool + '_ {
+        let binding = self.control.binding();
+        move |who| binding.is_controller(who) || self.priority.get().is_some_and(|p| p(who))
     }
 
     /// Gives the service its way to find resume handlers (once the
@@ -607,24 +632,29 @@ impl TaskService {
         stats.task_pushes_dropped = self.pushes_dropped.load(Ordering::Relaxed);
     }
 
-    /// The state changes waiting for the control plane: the oldest, and
-    /// how many were dropped before it.
-    pub(crate) fn next_push(&self) -> Option<TaskChanged> {
+    /// The state changes waiting for the control plane of binding
+    /// `epoch`: the oldest, with how many meant for it were left out just
+    /// before it.
+    pub(crate) fn next_push(&self, epoch: u64) -> Option<TaskChanged> {
         let mut q = lock(&self.pushes);
-        let mut change = q.0.pop_front()?;
-        change.dropped = std::mem::take(&mut q.1);
+        let mut change = q.queue.pop_front()?;
+        q.missed(epoch, 0);
+        change.dropped = std::mem::take(&mut q.dropped);
         Some(change)
     }
 
-    /// `change` was taken from the queue and not delivered (no control
-    /// plane bound, none that speaks protocol 2, the session lost, the
-    /// binding changed, or no room in time): it and those it said were
-    /// left out are counted in the next push's `dropped`, so a control
-    /// plane always learns that it missed some.
-    pub(crate) fn undelivered(&self, change: &TaskChanged) {
-        let mut q = lock(&self.pushes);
-        q.1 = q.1.saturating_add(change.dropped).saturating_add(1);
-        drop(q);
+    /// `change`, taken from the queue for the control plane of binding
+    /// `epoch`, was not delivered (it speaks protocol 1, the session was
+    /// lost or had no room in time, or the binding changed before it
+    /// went): it and those it said were left out are counted in the next
+    /// push's `dropped`, so a control plane learns that it missed some.
+    pub(crate) fn undelivered(&self, change: &TaskChanged, epoch: u64) {
+        lock(&self.pushes).missed(epoch, change.dropped.saturating_add(1));
+        self.pushes_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A change was not pushed: no control plane was bound to tell.
+    pub(crate) fn unsent(&self) {
         self.pushes_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -813,7 +843,7 @@ impl TaskService {
                     }
                 };
                 let kept = authority.as_ref().map(|a| task_authority(a.basis()));
-                let priority = |who: &NodeId| self.is_priority(who);
+                let priority = self.priority();
                 match staged.submit(
                     limits, id, sender, &req_id, &cap, &verb, args, kept, &priority, now, change,
                 ) {
@@ -993,6 +1023,7 @@ impl TaskService {
             }
         }
         drop(watchers);
+        let epoch = self.control.binding().epoch();
         let published = lock(&self.published);
         let mut pushes = lock(&self.pushes);
         let mut queued = false;
@@ -1005,12 +1036,12 @@ impl TaskService {
             if *kind == TaskEventKind::Progress {
                 continue;
             }
-            if pushes.0.len() >= PUSH_QUEUE {
-                pushes.0.pop_front();
-                pushes.1 += 1;
+            if pushes.queue.len() >= PUSH_QUEUE {
+                pushes.queue.pop_front();
+                pushes.missed(epoch, 1);
                 self.pushes_dropped.fetch_add(1, Ordering::Relaxed);
             }
-            pushes.0.push_back(TaskChanged {
+            pushes.queue.push_back(TaskChanged {
                 task: id.to_string(),
                 cap: e.record.cap.clone(),
                 verb: e.record.verb.clone(),

@@ -99,7 +99,7 @@ async def test_bad_args_are_a_tool_error_with_the_code(cluster: Cluster) -> None
         bad = await client.call_tool("alpha__agent__work", {"text": 5})
         assert bad.is_error
         assert structured(bad)["code"] == "bad_args"
-        # Refused by the handler itself.
+        # Refused by the verb's own args check, before a task exists.
         zero = await client.call_tool("alpha__agent__work", {"text": "x", "steps": 0})
         assert zero.is_error and structured(zero)["code"] == "bad_args"
         # Refused here: the wrapped args are missing.
