@@ -1020,9 +1020,11 @@ async fn pushes_the_control_plane_missed_are_counted_in_the_next() {
     let mut rx = cp.control_events();
     let first = submitter.submit(Echo, "seen".into()).await.unwrap();
     first.result().await.unwrap();
-    let seen = events_until(&mut rx, "the first task's end", |e| {
-        matches!(e, ControlEvent::Task { change, .. } if change.state == TaskState::Completed)
-    })
+    let seen = events_until(
+        &mut rx,
+        "the first task's end",
+        |e| matches!(e, ControlEvent::Task { change, .. } if change.state == TaskState::Completed),
+    )
     .await;
     for e in &seen {
         if let ControlEvent::Task { change, .. } = e {
@@ -1051,7 +1053,10 @@ async fn pushes_the_control_plane_missed_are_counted_in_the_next() {
         panic!("a push");
     };
     assert_eq!(change.task, missed.id());
-    assert!(change.dropped >= 1, "the missed push is counted: {change:?}");
+    assert!(
+        change.dropped >= 1,
+        "the missed push is counted: {change:?}"
+    );
     assert_eq!(
         change.dropped + 1,
         change.seq,
