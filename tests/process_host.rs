@@ -344,6 +344,7 @@ async fn monitoring_events_name_the_controller(host: impl Host) {
         name: "watched".into(),
         bio: String::new(),
         addrs: Vec::new(),
+        ..ChildSpec::default()
     };
     host.start(spec.clone()).await.unwrap();
     let cp1 = Node::builder("cp1").start().await.unwrap();

@@ -90,6 +90,7 @@ fn spec(cid: &str) -> ChildSpec {
         name: "misbehaving".into(),
         bio: String::new(),
         addrs: Vec::new(),
+        ..ChildSpec::default()
     }
 }
 

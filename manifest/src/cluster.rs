@@ -73,6 +73,104 @@ pub struct CreateArgs {
     pub bio: Option<String>,
 }
 
+/// Where and how a child runs, for a host backed by an orchestrator
+/// (`core.cluster/create_placed`): its image, its limits, where it may be
+/// placed. Every key may be absent: the host's default then holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    /// The image to run (a local image reference, e.g. `capwire:latest`).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Memory limit, in bytes (at least 6 MiB).
+    #[serde(default)]
+    pub memory: Option<u64>,
+    /// CPU limit, in thousandths of a CPU (`500` is half a CPU).
+    #[serde(default)]
+    pub cpus_milli: Option<u64>,
+    /// Most processes (and threads) the child may run.
+    #[serde(default)]
+    pub pids: Option<u64>,
+    /// How often the host restarts a child that failed before it gives
+    /// up and reports it exited.
+    #[serde(default)]
+    pub restarts: Option<u32>,
+    /// Placement constraints, in the orchestrator's own syntax (Swarm:
+    /// `node.labels.zone==a`).
+    #[serde(default)]
+    pub constraints: Vec<String>,
+    /// Extra labels, `key=value`, put on what the host makes.
+    #[serde(default)]
+    pub labels: Vec<String>,
+}
+
+impl Placement {
+    /// `true` when nothing is asked for (the host's defaults hold).
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// Args of `core.cluster/create_placed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePlacedArgs {
+    /// The new child's name (1 to 64 bytes, unique).
+    pub name: String,
+    /// Its bio (at most 4096 bytes).
+    #[serde(default)]
+    pub bio: Option<String>,
+    /// Where and how it runs.
+    pub placement: Placement,
+}
+
+/// What a child's host reports of it: `running`, `restarting`, `exited`
+/// (with its code, and whether it was killed for memory), or the
+/// roster's own `pending` and `removing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Being created.
+    Pending,
+    /// Running.
+    Running,
+    /// Stopped, and its host is starting it again (a restart policy).
+    Restarting,
+    /// Stopped, and not started again (yet).
+    Exited,
+    /// Being removed.
+    Removing,
+}
+
+/// One child's state, as its host reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChildState {
+    /// The child id.
+    pub cid: String,
+    /// Where it is.
+    pub state: RunState,
+    /// The exit code of its last exit; `None` when it never exited or
+    /// its host does not know one.
+    pub exit_code: Option<i64>,
+    /// Its last exit was a kill for going over its memory limit.
+    pub oom_killed: bool,
+    /// How often its host started it again on its own.
+    pub restarts: u64,
+    /// The host's own words (at most 1024 bytes); may be empty.
+    pub detail: String,
+}
+
+/// Result of `core.cluster/states`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChildStates {
+    /// One state per member, by cid.
+    pub children: Vec<ChildState>,
+    /// The roster version the states go with.
+    pub version: u64,
+}
+
 /// Args naming one child.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -142,6 +240,20 @@ verb! {
     /// when the name is taken (pending creates included), `timeout` when
     /// the host does not have it running in time.
     pub struct ClusterCreate: request "core.cluster" / "create", Controller, CreateArgs => Member;
+}
+
+verb! {
+    /// `core.cluster/create_placed` (controller, core.cluster 1.1): as
+    /// `create`, with where and how the child runs; `bad_args` when the
+    /// host refuses the placement (before anything is made).
+    pub struct ClusterCreatePlaced: request "core.cluster" / "create_placed", Controller, CreatePlacedArgs => Member;
+}
+
+verb! {
+    /// `core.cluster/states` (controller, core.cluster 1.1): what the host
+    /// reports of each child (running, restarting, exited with its code,
+    /// killed for memory).
+    pub struct ClusterStates: request "core.cluster" / "states", Controller, NoArgs => ChildStates;
 }
 
 verb! {

@@ -89,10 +89,11 @@ mod tracker;
 
 pub use class::{AuthClass, DeclaredClass, VerbKind};
 pub use cluster::{
-    CORE_CLUSTER, ChildArgs, ChildStatus, ClusterContact, ClusterCreate, ClusterIntroduce,
-    ClusterList, ClusterRemove, ClusterRoster, ClusterSetBio, ClusterSetMonitoring,
-    ClusterSetPersona, ContactReply, CreateArgs, IntroducePairArgs, Member, Roster, SetBioArgs,
-    SetMonitoringArgs, SetPersonaArgs,
+    CORE_CLUSTER, ChildArgs, ChildState, ChildStates, ChildStatus, ClusterContact, ClusterCreate,
+    ClusterCreatePlaced, ClusterIntroduce, ClusterList, ClusterRemove, ClusterRoster,
+    ClusterSetBio, ClusterSetMonitoring, ClusterSetPersona, ClusterStates, ContactReply,
+    CreateArgs, CreatePlacedArgs, IntroducePairArgs, Member, Placement, Roster, RunState,
+    SetBioArgs, SetMonitoringArgs, SetPersonaArgs,
 };
 pub use configuration::{
     CORE_CONFIGURATION, ConfigValue, GetConfig, SetConfig, SetConfigArgs, SetConfigReply,

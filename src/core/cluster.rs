@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
 use capwire_manifest::{
-    ChildArgs, ChildStatus, ClusterContact, ClusterCreate, ClusterIntroduce, ClusterList,
-    ClusterRemove, ClusterRoster, ClusterSetBio, ClusterSetMonitoring, ClusterSetPersona,
-    ContactReply, CreateArgs, IntroducePairArgs, Member, MonitoringStatus, NoArgs, Roster,
-    SetBioArgs, SetMonitoringArgs, SetPersonaArgs,
+    ChildArgs, ChildState, ChildStates, ChildStatus, ClusterContact, ClusterCreate,
+    ClusterCreatePlaced, ClusterIntroduce, ClusterList, ClusterRemove, ClusterRoster,
+    ClusterSetBio, ClusterSetMonitoring, ClusterSetPersona, ClusterStates, ContactReply,
+    CreateArgs, CreatePlacedArgs, IntroducePairArgs, Member, MonitoringStatus, NoArgs, Placement,
+    Roster, RunState, SetBioArgs, SetMonitoringArgs, SetPersonaArgs,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -26,13 +27,15 @@ use crate::core::roster::{check_name, check_text, monitoring_str, status_of, sta
 use crate::core::state::{Core, CoreState, Durable, OnceKey, lock, typed};
 use crate::dispatch::extract::{Meta, Sender};
 use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
-use crate::host::{ChildInfo, ChildSpec, HostError, HostEvent};
+use crate::host::{ChildInfo, ChildRun, ChildSpec, HostError, HostEvent};
 use crate::invite::Invite;
 use crate::net::peers::Contact;
 use crate::store::{Batch, MemberRecord};
 
 /// How long one roster push may wait for the control plane's session.
 const PUSH_DEADLINE: Duration = Duration::from_secs(5);
+/// Longest `detail` of a child's state, in bytes.
+const MAX_DETAIL: usize = 1024;
 
 fn not_found(cid: &str) -> ErrorBody {
     ErrorBody::new(ErrorCode::NotFound, format!("no child {cid:?}"))
@@ -42,6 +45,8 @@ fn host_error(e: &HostError) -> HandlerError {
     match e {
         HostError::NotFound(_) => HandlerError::new(ErrorCode::NotFound, e.to_string()),
         HostError::Capacity(_) => HandlerError::new(ErrorCode::Overloaded, e.to_string()),
+        HostError::Refused(_) => HandlerError::new(ErrorCode::BadArgs, e.to_string()),
+        HostError::Unavailable(_) => HandlerError::new(ErrorCode::Unavailable, e.to_string()),
         _ => HandlerError::new(ErrorCode::Internal, format!("{e}")),
     }
 }
@@ -57,12 +62,37 @@ fn with_info(m: &mut MemberRecord, info: &ChildInfo) {
     m.status = status_str(ChildStatus::Running).to_owned();
 }
 
-fn spec_of(m: &MemberRecord) -> ChildSpec {
+fn spec_of(parent: NodeId, m: &MemberRecord) -> ChildSpec {
     ChildSpec {
         cid: m.cid.clone(),
         name: m.name.clone(),
         bio: m.bio.clone(),
         addrs: m.addrs.iter().filter_map(|a| a.parse().ok()).collect(),
+        parent: Some(parent),
+        placement: m.placement.clone().unwrap_or_default(),
+    }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn bounded(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// A child's state when its host reported nothing of it: what the
+/// roster says.
+fn state_of_status(status: ChildStatus) -> RunState {
+    match status {
+        ChildStatus::Pending => RunState::Pending,
+        ChildStatus::Running => RunState::Running,
+        ChildStatus::Exited => RunState::Exited,
+        ChildStatus::Removing => RunState::Removing,
     }
 }
 
@@ -131,6 +161,7 @@ impl CoreState {
         from: NodeId,
         key: OnceKey,
         args: CreateArgs,
+        placement: Option<Placement>,
     ) -> Result<Member, HandlerError> {
         let _ops = self.cluster_ops.lock().await;
         let mut d = self.durable.lock().await;
@@ -157,6 +188,20 @@ impl CoreState {
                     );
                     return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
                 }
+                // The host refuses a placement it cannot honour before
+                // anything is made (limits that make no sense, a name or
+                // an image its engine would refuse).
+                let asked = ChildSpec {
+                    name: args.name.clone(),
+                    bio: bio.clone(),
+                    parent: Some(self.id),
+                    placement: placement.clone().unwrap_or_default(),
+                    ..ChildSpec::default()
+                };
+                if let Err(e) = self.host.check(&asked) {
+                    let e = ErrorBody::new(ErrorCode::BadArgs, e.to_string());
+                    return self.answer_only::<Member>(&mut d, &key, Err(e)).await;
+                }
                 if d.roster.len() >= self.limits.max_children {
                     return Err(HandlerError::new(
                         ErrorCode::Overloaded,
@@ -176,6 +221,7 @@ impl CoreState {
                     caps: Vec::new(),
                     origin: Some((from, key.key.req_id.clone())),
                     watcher: None,
+                    placement: placement.filter(|p| !p.is_empty()),
                 };
                 let meta = d.roster.bumped(meta);
                 self.write_roster_meta::<()>(&mut d, meta, vec![m.clone()], vec![], None)
@@ -184,7 +230,9 @@ impl CoreState {
             }
         };
         drop(d);
-        let started = self.host_call(self.host.start(spec_of(&member))).await;
+        let started = self
+            .host_call(self.host.start(spec_of(self.id, &member)))
+            .await;
         let mut d = self.durable.lock().await;
         let Some(mut current) = d.roster.get(&member.cid).cloned() else {
             // Removed meanwhile.
@@ -234,6 +282,7 @@ impl CoreState {
         self.write_roster(&mut d, vec![], vec![cid.clone()], Some((&key, &result)))
             .await?;
         lock(&self.invites).remove(&cid);
+        lock(&self.runs).remove(&cid);
         Ok(())
     }
 
@@ -350,6 +399,38 @@ impl CoreState {
         result.map_err(HandlerError::from)
     }
 
+    /// What the host last reported of each child, or the roster's own
+    /// word where it reported nothing (or a verb is under way).
+    fn states(&self) -> ChildStates {
+        let roster = self.roster();
+        let runs = lock(&self.runs);
+        let children = roster
+            .members
+            .iter()
+            .map(|m| {
+                let run = runs.get(&m.cid);
+                let state = match (m.status, run) {
+                    (ChildStatus::Pending | ChildStatus::Removing, _) | (_, None) => {
+                        state_of_status(m.status)
+                    }
+                    (_, Some(r)) => r.state,
+                };
+                ChildState {
+                    cid: m.cid.clone(),
+                    state,
+                    exit_code: run.and_then(|r| r.exit_code),
+                    oom_killed: run.is_some_and(|r| r.oom_killed),
+                    restarts: run.map_or(0, |r| r.restarts),
+                    detail: run.map(|r| r.detail.clone()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        ChildStates {
+            children,
+            version: roster.version,
+        }
+    }
+
     fn contact(&self, cid: &str) -> Result<ContactReply, HandlerError> {
         let roster = self.roster();
         let m = roster
@@ -440,7 +521,9 @@ impl CoreState {
         let _ops = self.cluster_ops.lock().await;
         let mut d = self.durable.lock().await;
         let cid = match &event {
-            HostEvent::Exited { cid, .. } | HostEvent::Monitoring { cid, .. } => cid.clone(),
+            HostEvent::Exited { cid, .. }
+            | HostEvent::Monitoring { cid, .. }
+            | HostEvent::Run { cid, .. } => cid.clone(),
         };
         let Some(mut m) = d.roster.get(&cid).cloned() else {
             return;
@@ -449,7 +532,37 @@ impl CoreState {
         match event {
             HostEvent::Exited { detail, .. } => {
                 tracing::warn!(cid = %cid, detail = %detail, "child exited");
+                let run = ChildRun {
+                    state: RunState::Exited,
+                    exit_code: None,
+                    oom_killed: false,
+                    restarts: 0,
+                    detail: bounded(detail, MAX_DETAIL),
+                };
+                lock(&self.runs).insert(cid.clone(), run);
                 m.status = status_str(ChildStatus::Exited).to_owned();
+            }
+            HostEvent::Run { run, info, .. } => {
+                let status = status_of(&m);
+                if matches!(status, ChildStatus::Pending | ChildStatus::Removing) {
+                    // The verb under way decides; the state is kept.
+                } else if run.state == RunState::Running {
+                    if let Some(info) = &info {
+                        with_info(&mut m, info);
+                    } else {
+                        m.status = status_str(ChildStatus::Running).to_owned();
+                    }
+                } else if matches!(run.state, RunState::Exited | RunState::Restarting) {
+                    if run.state == RunState::Exited {
+                        tracing::warn!(cid = %cid, detail = %run.detail, "child exited");
+                    }
+                    m.status = status_str(ChildStatus::Exited).to_owned();
+                }
+                let run = ChildRun {
+                    detail: bounded(run.detail, MAX_DETAIL),
+                    ..run
+                };
+                lock(&self.runs).insert(cid.clone(), run);
             }
             HostEvent::Monitoring {
                 status,
@@ -579,7 +692,7 @@ pub(crate) async fn reconcile(core: Arc<CoreState>) {
             }
             continue;
         }
-        let started = core.host_call(core.host.start(spec_of(&m))).await;
+        let started = core.host_call(core.host.start(spec_of(core.id, &m))).await;
         let mut d = core.durable.lock().await;
         let Some(mut current) = d.roster.get(&m.cid).cloned() else {
             continue;
@@ -622,6 +735,20 @@ pub(crate) async fn reconcile(core: Arc<CoreState>) {
                 }
             }
         }
+    }
+    // What the host still runs for this parent and the roster no longer
+    // has (a create or remove cut short by a crash) is removed.
+    let keep: Vec<String> = core
+        .durable
+        .lock()
+        .await
+        .roster
+        .members
+        .keys()
+        .cloned()
+        .collect();
+    if let Err(e) = core.host_call(core.host.retain(core.id, keep)).await {
+        tracing::warn!(error = ?e, "children the roster no longer has were not removed");
     }
     // Children still bound to a control plane the parent lost while it was
     // down (or before it could release them) are released now that they run.
@@ -697,8 +824,30 @@ async fn create(
 ) -> Result<Member, HandlerError> {
     let key = OnceKey::of::<ClusterCreate>(from, &meta.req_id);
     let c = core.clone();
-    core.detached(async move { c.create(from, key, args).await })
+    core.detached(async move { c.create(from, key, args, None).await })
         .await
+}
+
+async fn create_placed(
+    args: CreatePlacedArgs,
+    Sender(from): Sender,
+    meta: Meta,
+    Core(core): Core,
+) -> Result<Member, HandlerError> {
+    let key = OnceKey::of::<ClusterCreatePlaced>(from, &meta.req_id);
+    let c = core.clone();
+    let CreatePlacedArgs {
+        name,
+        bio,
+        placement,
+    } = args;
+    let args = CreateArgs { name, bio };
+    core.detached(async move { c.create(from, key, args, Some(placement)).await })
+        .await
+}
+
+async fn states(_args: NoArgs, Core(core): Core) -> Result<ChildStates, HandlerError> {
+    Ok(core.states())
 }
 
 async fn remove(
@@ -786,10 +935,16 @@ macro_rules! route {
 pub(crate) fn capability() -> capwire_manifest::Capability<RouteHandler> {
     capwire_manifest::Capability::new(
         capwire_manifest::CORE_CLUSTER,
-        capwire_manifest::Version::new(1, 0, 0),
+        capwire_manifest::Version::new(1, 1, 0),
     )
     .verb::<ClusterList>(route!(ClusterList, (Core), list))
+    .verb::<ClusterStates>(route!(ClusterStates, (Core), states))
     .verb::<ClusterCreate>(route!(durable ClusterCreate, (Sender, Meta, Core), create))
+    .verb::<ClusterCreatePlaced>(route!(
+        durable ClusterCreatePlaced,
+        (Sender, Meta, Core),
+        create_placed
+    ))
     .verb::<ClusterRemove>(route!(durable ClusterRemove, (Sender, Meta, Core), remove))
     .verb::<ClusterSetBio>(route!(durable ClusterSetBio, (Sender, Meta, Core), set_bio))
     .verb::<ClusterSetPersona>(route!(durable ClusterSetPersona, (Sender, Meta, Core), set_persona))

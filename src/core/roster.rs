@@ -248,6 +248,7 @@ mod tests {
             caps: vec![],
             origin: Some((NodeId::from_bytes([1; 32]), "r".into())),
             watcher: None,
+            placement: None,
         };
         r.apply(r.bumped(meta), std::slice::from_ref(&m), &[]);
         assert!(r.name_taken("a"));

@@ -124,6 +124,8 @@ pub(crate) struct CoreState {
     dialer: OnceLock<Dialer>,
     /// The last bind opened on each child, for `core.cluster/contact`.
     pub(crate) invites: Mutex<HashMap<String, Invite>>,
+    /// What the host last reported of each child's run (`core.cluster/states`).
+    pub(crate) runs: Mutex<HashMap<String, crate::host::ChildRun>>,
     /// Cluster operations run one at a time (they wait for the host
     /// between their durable steps).
     pub(crate) cluster_ops: tokio::sync::Mutex<()>,
@@ -208,6 +210,7 @@ impl CoreState {
             events: OnceLock::new(),
             dialer: OnceLock::new(),
             invites: Mutex::new(HashMap::new()),
+            runs: Mutex::new(HashMap::new()),
             cluster_ops: tokio::sync::Mutex::new(()),
             release_wanted: tokio::sync::Notify::new(),
         };

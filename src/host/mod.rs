@@ -3,9 +3,23 @@
 //! The cluster capability keeps the roster and decides; a [`Host`] only
 //! runs children. Two hosts come with capwire: [`InProcessHost`] (each
 //! child a full node in this process, on loopback) and [`ProcessHost`]
-//! (each child a supervised `capwire node` process). A host backed by an
-//! orchestrator (Kubernetes pods, systemd units) implements the same
-//! trait; the capability does not change.
+//! (each child a supervised `capwire node` process). With the `docker`
+//! feature, two more drive the Docker Engine API: `DockerHost` (each
+//! child a container) and `SwarmHost` (each child a Swarm service). A
+//! host backed by another orchestrator (Kubernetes StatefulSets, systemd
+//! units) implements the same trait; the capability does not change.
+//!
+//! What a host is asked, and what it answers:
+//!
+//! ```text
+//!  core.cluster ──check(spec)──────────► refuse a placement it cannot honour
+//!               ──start(spec)──────────► ChildInfo (node id, addresses, caps)
+//!               ──stop / open_bind / close_bind / add_contact
+//!               ──retain(parent, keep)─► remove what it runs for `parent`
+//!                                        that the roster no longer has
+//!               ◄──events()─────────── Exited, Monitoring, Run (state,
+//!                                        exit code, OOM kill, restarts)
+//! ```
 //!
 //! Who controls a child: its parent owns its life (start, stop, restart)
 //! through the host, and speaks to it only through the host's local
@@ -17,8 +31,17 @@
 //! once it binds, the control plane is the child's control plane like any
 //! other node's.
 
+#[cfg(feature = "docker")]
+pub(crate) mod docker;
+#[cfg(feature = "docker")]
+pub(crate) mod engine;
+#[cfg(feature = "docker")]
+pub mod image;
 pub(crate) mod in_process;
+pub(crate) mod pipe;
 pub(crate) mod process;
+#[cfg(feature = "docker")]
+pub(crate) mod swarm;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,14 +53,21 @@ use crate::addr::Addr;
 use crate::invite::Invite;
 use crate::net::peers::Contact;
 
+pub use capwire_manifest::{Placement, RunState};
+#[cfg(feature = "docker")]
+pub use docker::DockerHost;
+#[cfg(feature = "docker")]
+pub use engine::{EngineConfig, Network};
 pub use in_process::{ChildFactory, InProcessHost};
 pub use process::ProcessHost;
+#[cfg(feature = "docker")]
+pub use swarm::SwarmHost;
 
 /// A boxed future, as host methods return them (so that `dyn Host` works).
 pub type HostFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, HostError>> + Send + 'a>>;
 
 /// What the parent asks a host to run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChildSpec {
     /// The child id: stable for the child's life, also across restarts of
     /// the parent. A host keys the child's state (identity included) on it.
@@ -49,6 +79,28 @@ pub struct ChildSpec {
     /// Where it listened last time, if it ran before; a host should reuse
     /// these addresses when it can, so that the child's peers find it.
     pub addrs: Vec<Addr>,
+    /// The parent's key: a host backed by an orchestrator labels what it
+    /// makes with it, so that the parent finds its own children again.
+    pub parent: Option<NodeId>,
+    /// Where and how the child runs (image, limits, placement); empty:
+    /// the host's defaults. A host that cannot honour it refuses it in
+    /// [`Host::check`].
+    pub placement: Placement,
+}
+
+/// How a child runs, as its host reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildRun {
+    /// Where it is.
+    pub state: RunState,
+    /// The exit code of its last exit, if it exited.
+    pub exit_code: Option<i64>,
+    /// Its last exit was a kill for going over its memory limit.
+    pub oom_killed: bool,
+    /// How often its host (or orchestrator) started it again on its own.
+    pub restarts: u64,
+    /// In words.
+    pub detail: String,
 }
 
 /// A running child, as its host reports it.
@@ -91,6 +143,18 @@ pub enum HostEvent {
         /// own control plane from one still bound to a former one.
         controller: Option<NodeId>,
     },
+    /// The orchestrator reports a change of the child's run: it exited
+    /// (with its code, killed for memory or not), is being restarted, or
+    /// runs again (then with how to reach it: a restarted child keeps its
+    /// identity, its addresses may change).
+    Run {
+        /// Which child.
+        cid: String,
+        /// Its run now.
+        run: ChildRun,
+        /// How to reach it, when it runs again.
+        info: Option<ChildInfo>,
+    },
 }
 
 /// Why a host operation failed.
@@ -106,6 +170,14 @@ pub enum HostError {
     /// The host is at its limit.
     #[error("host is at capacity: {0}")]
     Capacity(String),
+    /// The child cannot run as asked (a placement the host cannot honour,
+    /// limits that make no sense); refused before anything is made.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// What the host needs is not there (an orchestrator that does not
+    /// answer, an image that does not exist); nothing was made.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// Runs child nodes for `core.cluster`.
@@ -116,6 +188,21 @@ pub enum HostError {
 /// of an absent child succeeds. The parent bounds every call with
 /// [`Limits::host_timeout`](crate::Limits::host_timeout).
 pub trait Host: Send + Sync + 'static {
+    /// Checks, before anything is made, that the host can run `spec` as
+    /// asked: [`HostError::Refused`] otherwise. Default: a host that takes
+    /// no placement refuses any.
+    fn check(&self, spec: &ChildSpec) -> Result<(), HostError> {
+        if spec.placement.is_empty() {
+            Ok(())
+        } else {
+            Err(HostError::Refused(
+                "this host runs children on the parent's machine: it takes no \
+                 image, limits or placement"
+                    .to_owned(),
+            ))
+        }
+    }
+
     /// Ensures the child runs; returns how to reach it.
     fn start(&self, spec: ChildSpec) -> HostFuture<'_, ChildInfo>;
 
@@ -132,6 +219,16 @@ pub trait Host: Send + Sync + 'static {
 
     /// Makes `contact` a durable contact of the child.
     fn add_contact(&self, cid: &str, contact: Contact) -> HostFuture<'_, ()>;
+
+    /// Removes what the host runs for `parent` whose cid is not in
+    /// `keep` (left over by a parent that crashed between its steps), so
+    /// that nothing is orphaned. Called when the parent starts, once its
+    /// roster is reconciled. Default: nothing (a host whose children end
+    /// with the parent leaves none over).
+    fn retain(&self, parent: NodeId, keep: Vec<String>) -> HostFuture<'_, ()> {
+        let _ = (parent, keep);
+        Box::pin(async { Ok(()) })
+    }
 
     /// Takes the stream of [`HostEvent`]s; called once, when the parent
     /// starts. A host without events returns `None`.

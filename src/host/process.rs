@@ -18,7 +18,13 @@
 //! parent → child  {"id":N,"op":"open_bind","controller":HEX}
 //!                 {"id":N,"op":"close_bind"}
 //!                 {"id":N,"op":"add_contact","name":TEXT,"node_id":HEX,"addr":ADDR}
+//!                 {"id":N,"op":"ready"}
 //! ```
+//!
+//! `ready` is for a parent that attaches to a child already running (a
+//! container host, after the child or the parent restarted): its reply
+//! carries the ready line's `node_id`, `addrs` and `caps`, and the child
+//! then reports its monitoring state again.
 //!
 //! The child's first line is `ready`. Then it reports its monitoring
 //! state, and again whenever its status or its controller changes:
@@ -67,28 +73,25 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capwire_envelope::NodeId;
-use capwire_manifest::MonitoringStatus;
 use futures_util::StreamExt;
-use serde_json::{Map, Value, json};
-use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
-use tokio_util::sync::CancellationToken;
+use serde_json::{Value, json};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::{mpsc, watch};
+use tokio_util::codec::{FramedRead, LinesCodec};
 
 use crate::addr::Addr;
+use crate::host::pipe::{
+    LinesEnd, MAX_LINE, Proc, UNWATCHED, Writer, broke, failed, forward, lock, parse_ready,
+    read_error, read_lines,
+};
 use crate::host::{ChildInfo, ChildSpec, Host, HostError, HostEvent, HostFuture};
 use crate::invite::Invite;
 use crate::net::peers::Contact;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// How long a child stopped through its closed input may take to exit
 /// before it is killed.
@@ -100,97 +103,11 @@ const EXIT_GRACE: Duration = Duration::from_secs(1);
 const DRAIN: Duration = Duration::from_secs(1);
 /// How long a child may take to say it is ready, unless set.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
-/// Longest line, either way, its newline not counted.
-const MAX_LINE: usize = 64 * 1024;
 /// Events waiting for the parent.
 const EVENT_QUEUE: usize = 256;
 
 /// A child's output, a bounded line at a time.
 type Lines = FramedRead<ChildStdout, LinesCodec>;
-
-/// What a child reports of its monitoring: a state (the newest wins).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Watched {
-    status: MonitoringStatus,
-    controller: Option<NodeId>,
-}
-
-/// The state a child starts with, as far as the host knows.
-const UNWATCHED: Watched = Watched {
-    status: MonitoringStatus::Off,
-    controller: None,
-};
-
-/// The requests waiting for their reply, by id; `None` once the child is
-/// gone.
-type Replies = Option<HashMap<u64, oneshot::Sender<Value>>>;
-
-/// A running child process (the process itself is its supervisor's).
-struct Proc {
-    info: ChildInfo,
-    stdin: tokio::sync::Mutex<Option<ChildStdin>>,
-    replies: Mutex<Replies>,
-    next: AtomicU64,
-    /// Set when the parent stops it (its exit is then no event).
-    stopping: AtomicBool,
-    /// Cancelled to have the supervisor kill the process.
-    kill: CancellationToken,
-    /// Cancelled by the supervisor once the process is reaped.
-    reaped: CancellationToken,
-}
-
-/// A request's entry in the table of waiting replies: it leaves the table
-/// when this is dropped, whatever ended the wait (the reply, the caller's
-/// timeout, a dropped future, an error writing the request).
-struct Waiting<'a> {
-    proc: &'a Proc,
-    id: u64,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if let Some(waiting) = lock(&self.proc.replies).as_mut() {
-            waiting.remove(&self.id);
-        }
-    }
-}
-
-impl Proc {
-    fn new(info: ChildInfo, stdin: Option<ChildStdin>) -> Self {
-        Self {
-            info,
-            stdin: tokio::sync::Mutex::new(stdin),
-            replies: Mutex::new(Some(HashMap::new())),
-            next: AtomicU64::new(1),
-            stopping: AtomicBool::new(false),
-            kill: CancellationToken::new(),
-            reaped: CancellationToken::new(),
-        }
-    }
-
-    /// Enters request `id` in the table of waiting replies.
-    fn wait_for(&self, id: u64) -> Result<(Waiting<'_>, oneshot::Receiver<Value>), HostError> {
-        let (tx, rx) = oneshot::channel();
-        lock(&self.replies)
-            .as_mut()
-            .ok_or_else(|| failed("the child exited"))?
-            .insert(id, tx);
-        Ok((Waiting { proc: self, id }, rx))
-    }
-
-    /// Hands a reply to its request, if it still waits.
-    fn reply(&self, id: u64, reply: Value) {
-        let waiter = lock(&self.replies).as_mut().and_then(|w| w.remove(&id));
-        if let Some(tx) = waiter {
-            let _ = tx.send(reply);
-        }
-    }
-
-    /// The child is gone: every waiting request fails, and new ones do.
-    fn gone(&self) {
-        lock(&self.replies).take();
-    }
-}
 
 /// Runs children as `capwire node --supervised` processes.
 ///
@@ -220,10 +137,6 @@ impl std::fmt::Debug for ProcessHost {
             .field("children", &lock(&self.procs).len())
             .finish_non_exhaustive()
     }
-}
-
-fn failed(e: impl std::fmt::Display) -> HostError {
-    HostError::Failed(e.to_string())
 }
 
 /// `--flag=VALUE`, as one argument.
@@ -310,7 +223,7 @@ impl ProcessHost {
         let mut child = cmd
             .spawn()
             .map_err(|e| failed(format!("starting {}: {e}", self.program.display())))?;
-        let stdin = child.stdin.take();
+        let stdin = child.stdin.take().map(|s| Box::new(s) as Writer);
         let Some(stdout) = child.stdout.take() else {
             let _ = child.kill().await;
             return Err(failed("no stdout from the child"));
@@ -400,6 +313,10 @@ impl ProcessHost {
         }
     }
 
+    async fn ask(&self, cid: &str, request: Value) -> Result<Value, HostError> {
+        self.proc(cid)?.ask(request).await
+    }
+
     async fn stop_child(&self, cid: &str) -> Result<(), HostError> {
         let proc = lock(&self.procs).remove(cid);
         if let Some(p) = proc {
@@ -411,50 +328,6 @@ impl ProcessHost {
                 .map_err(|e| failed(format!("removing {}: {e}", dir.display())))?;
         }
         Ok(())
-    }
-
-    async fn ask(&self, cid: &str, mut request: Value) -> Result<Value, HostError> {
-        let proc = self.proc(cid)?;
-        let id = proc.next.fetch_add(1, Ordering::Relaxed);
-        request["id"] = json!(id);
-        let mut line = request.to_string();
-        if line.len() > MAX_LINE {
-            return Err(failed("the request is longer than a pipe line may be"));
-        }
-        line.push('\n');
-        let (_waiting, reply) = proc.wait_for(id)?;
-        {
-            let mut stdin = proc.stdin.lock().await;
-            let Some(stdin) = stdin.as_mut() else {
-                return Err(failed("the child is stopping"));
-            };
-            stdin.write_all(line.as_bytes()).await.map_err(failed)?;
-            stdin.flush().await.map_err(failed)?;
-        }
-        let reply = reply.await.map_err(|_| failed("the child exited"))?;
-        if reply["ok"] == true {
-            Ok(reply)
-        } else {
-            Err(failed(reply["error"].as_str().unwrap_or("refused")))
-        }
-    }
-}
-
-/// The detail of a breach.
-fn broke(why: &str) -> String {
-    format!("the child broke the pipe protocol: {why}")
-}
-
-/// What a failed read of a line says of the child: `Some` for a breach
-/// (an over-long line, bytes that are not UTF-8), `None` for a failed
-/// pipe.
-fn read_error(e: &LinesCodecError) -> Option<String> {
-    match e {
-        LinesCodecError::MaxLineLengthExceeded => Some(format!("a line over {MAX_LINE} bytes")),
-        LinesCodecError::Io(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            Some("output that is not UTF-8".to_owned())
-        }
-        LinesCodecError::Io(_) => None,
     }
 }
 
@@ -475,89 +348,6 @@ fn describe(status: std::io::Result<ExitStatus>) -> String {
         Ok(s) => s.to_string(),
         Err(e) => format!("waiting for it failed: {e}"),
     }
-}
-
-fn parse_ready(line: &str) -> Result<ChildInfo, String> {
-    let bad = || broke(&format!("a first line that is not a ready line: {line}"));
-    let v: Value = serde_json::from_str(line).map_err(|_| bad())?;
-    if v["event"] != "ready" {
-        return Err(bad());
-    }
-    let node_id = v["node_id"]
-        .as_str()
-        .and_then(|s| NodeId::try_from(s).ok())
-        .ok_or_else(bad)?;
-    let addrs = v["addrs"]
-        .as_array()
-        .ok_or_else(bad)?
-        .iter()
-        .map(|a| {
-            a.as_str()
-                .and_then(|s| s.parse::<Addr>().ok())
-                .ok_or_else(bad)
-        })
-        .collect::<Result<_, _>>()?;
-    let caps = v["caps"]
-        .as_array()
-        .ok_or_else(bad)?
-        .iter()
-        .map(|c| c.as_str().map(str::to_owned).ok_or_else(bad))
-        .collect::<Result<_, _>>()?;
-    Ok(ChildInfo {
-        node_id,
-        addrs,
-        caps,
-    })
-}
-
-/// What one line from a ready child says.
-#[derive(Debug, PartialEq)]
-enum Said {
-    /// The reply to request `id`.
-    Reply(u64, Value),
-    /// Its monitoring state now.
-    Monitoring(Watched),
-    /// An event this host does not know.
-    Other,
-}
-
-/// Reads one line from a ready child; `Err` says how it breaks the
-/// protocol.
-fn parse_line(line: &str) -> Result<Said, &'static str> {
-    let v: Value = serde_json::from_str(line).map_err(|_| "a line that is not JSON")?;
-    let Value::Object(obj) = v else {
-        return Err("a line that is not a JSON object");
-    };
-    if let Some(id) = obj.get("reply") {
-        let id = id.as_u64().ok_or("a reply whose id is not a number")?;
-        if !obj.get("ok").is_some_and(Value::is_boolean) {
-            return Err("a reply without a boolean ok");
-        }
-        return Ok(Said::Reply(id, Value::Object(obj)));
-    }
-    match obj.get("event").map(Value::as_str) {
-        Some(Some("monitoring")) => parse_monitoring(&obj).map(Said::Monitoring),
-        Some(Some(_)) => Ok(Said::Other),
-        _ => Err("a line that is neither a reply nor an event"),
-    }
-}
-
-fn parse_monitoring(event: &Map<String, Value>) -> Result<Watched, &'static str> {
-    let status = match event.get("status").and_then(Value::as_str) {
-        Some("off") => MonitoringStatus::Off,
-        Some("pending") => MonitoringStatus::Pending,
-        Some("on") => MonitoringStatus::On,
-        _ => return Err("a monitoring status other than off, pending or on"),
-    };
-    let controller = match event.get("controller") {
-        Some(Value::Null) => None,
-        Some(Value::String(key)) => Some(
-            NodeId::try_from(key.as_str())
-                .map_err(|_| "a monitoring controller that is not a key")?,
-        ),
-        _ => return Err("a monitoring event without a controller key or null"),
-    };
-    Ok(Watched { status, controller })
 }
 
 /// Why a ready child's output ended.
@@ -600,7 +390,10 @@ async fn supervise(
 
     let end = tokio::select! {
         () = proc.kill.cancelled() => End::Killed,
-        end = read_lines(&proc, &mut lines, &state_tx) => end,
+        end = read_lines(&proc, &mut lines, &state_tx) => match end {
+            LinesEnd::Closed => End::Closed,
+            LinesEnd::Broke(why) => End::Broke(why),
+        },
         status = child.wait() => End::Exited(status),
     };
     let detail = match end {
@@ -647,58 +440,6 @@ async fn supervise(
     let _ = forward.await;
     tracing::debug!(cid = %cid, detail = %detail, "child exited");
     let _ = events.send(HostEvent::Exited { cid, detail }).await;
-}
-
-/// Hands each new monitoring state of the child to the parent.
-async fn forward(
-    mut state: watch::Receiver<Watched>,
-    cid: String,
-    events: mpsc::Sender<HostEvent>,
-) {
-    // The first state (`UNWATCHED`) counts as seen: only changes go out.
-    while state.changed().await.is_ok() {
-        let Watched { status, controller } = *state.borrow_and_update();
-        let event = HostEvent::Monitoring {
-            cid: cid.clone(),
-            status,
-            controller,
-        };
-        if events.send(event).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// Handles the child's output lines until they end or break the protocol:
-/// replies to their waiters, monitoring states into `state`.
-///
-/// # Cancel safety
-/// Cancel safe: a line is handled whole or not taken.
-async fn read_lines(proc: &Proc, lines: &mut Lines, state: &watch::Sender<Watched>) -> End {
-    loop {
-        let line = match lines.next().await {
-            None => return End::Closed,
-            Some(Ok(line)) => line,
-            Some(Err(e)) => {
-                return match read_error(&e) {
-                    Some(why) => End::Broke(why),
-                    None => End::Closed,
-                };
-            }
-        };
-        match parse_line(&line) {
-            Ok(Said::Reply(id, reply)) => proc.reply(id, reply),
-            Ok(Said::Monitoring(now)) => {
-                state.send_if_modified(|s| {
-                    let changed = *s != now;
-                    *s = now;
-                    changed
-                });
-            }
-            Ok(Said::Other) => {}
-            Err(why) => return End::Broke(why.to_owned()),
-        }
-    }
 }
 
 impl Host for ProcessHost {
@@ -792,6 +533,7 @@ mod tests {
             name: "silent".into(),
             bio: String::new(),
             addrs: Vec::new(),
+            ..ChildSpec::default()
         }
     }
 
@@ -850,79 +592,5 @@ mod tests {
         assert!(refused, "the write failed");
         assert_eq!(waiting(&host, "c1"), 0);
         host.stop("c1").await.unwrap();
-    }
-
-    #[test]
-    fn lines_from_a_ready_child() {
-        let key = NodeId::try_from(KEY).unwrap();
-        let on = |controller| Watched {
-            status: MonitoringStatus::On,
-            controller,
-        };
-        let ok: &[(&str, Said)] = &[
-            (
-                r#"{"event":"monitoring","status":"on","controller":"1111111111111111111111111111111111111111111111111111111111111111"}"#,
-                Said::Monitoring(on(Some(key))),
-            ),
-            (
-                r#"{"event":"monitoring","status":"on","controller":null}"#,
-                Said::Monitoring(on(None)),
-            ),
-            (
-                r#"{"event":"monitoring","status":"pending","controller":null}"#,
-                Said::Monitoring(Watched {
-                    status: MonitoringStatus::Pending,
-                    controller: None,
-                }),
-            ),
-            (
-                r#"{"reply":7,"ok":true}"#,
-                Said::Reply(7, json!({"reply": 7, "ok": true})),
-            ),
-            (r#"{"event":"later","x":1}"#, Said::Other),
-        ];
-        for (line, said) in ok {
-            assert_eq!(parse_line(line).as_ref(), Ok(said), "{line}");
-        }
-        let broken = [
-            "",
-            "not json",
-            "[1,2]",
-            "\"text\"",
-            "{}",
-            r#"{"event":7}"#,
-            r#"{"reply":"7","ok":true}"#,
-            r#"{"reply":-1,"ok":true}"#,
-            r#"{"reply":7}"#,
-            r#"{"reply":7,"ok":"yes"}"#,
-            r#"{"event":"monitoring","status":"on"}"#,
-            r#"{"event":"monitoring","status":"ON","controller":null}"#,
-            r#"{"event":"monitoring","controller":null}"#,
-            r#"{"event":"monitoring","status":"on","controller":7}"#,
-            r#"{"event":"monitoring","status":"on","controller":"11"}"#,
-            r#"{"event":"monitoring","status":"on","controller":"1111111111111111111111111111111111111111111111111111111111111ABC"}"#,
-        ];
-        for line in broken {
-            assert!(parse_line(line).is_err(), "{line}");
-        }
-    }
-
-    #[test]
-    fn the_first_line_must_be_a_ready_line() {
-        let good = format!(
-            r#"{{"event":"ready","node_id":"{KEY}","addrs":["tcp://127.0.0.1:9"],"caps":["app.x@1.0.0"]}}"#
-        );
-        let info = parse_ready(&good).unwrap();
-        assert_eq!(info.addrs.len(), 1);
-        assert_eq!(info.caps, ["app.x@1.0.0"]);
-        for bad in [
-            "hello".to_owned(),
-            r#"{"event":"monitoring","status":"off","controller":null}"#.to_owned(),
-            format!(r#"{{"event":"ready","node_id":"{KEY}","addrs":["nowhere"],"caps":[]}}"#),
-            r#"{"event":"ready","node_id":"11","addrs":[],"caps":[]}"#.to_owned(),
-        ] {
-            let e = parse_ready(&bad).unwrap_err();
-            assert!(e.contains("pipe protocol"), "{e}");
-        }
     }
 }

@@ -111,6 +111,11 @@ pub(crate) struct MemberRecord {
     /// `monitoring` is about).
     #[serde(default)]
     pub(crate) watcher: Option<NodeId>,
+    /// Where and how the host runs it (`core.cluster/create_placed`);
+    /// absent for a child made with the host's defaults (and in records
+    /// written before placements existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) placement: Option<capwire_manifest::Placement>,
 }
 
 /// A task (`core.tasks`): what is kept of it besides its events.

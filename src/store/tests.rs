@@ -46,6 +46,7 @@ fn member(cid: &str, name: &str) -> MemberRecord {
         caps: vec!["echo@1.0.0".into()],
         origin: Some((id(1), "req-create".into())),
         watcher: Some(id(2)),
+        placement: None,
     }
 }
 

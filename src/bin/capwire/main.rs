@@ -4,6 +4,7 @@
 mod agent;
 mod ctl;
 mod demo;
+mod engine;
 mod exit;
 mod keygen;
 mod mcp;
@@ -46,6 +47,9 @@ enum Command {
     /// are the app.* verbs of the nodes a control plane bound; bootstrap
     /// verbs only unless --allow-controller.
     Mcp(mcp::McpArgs),
+    /// The children's container image: `capwire image build` makes it on
+    /// the local Docker engine, without a registry.
+    Image(engine::ImageArgs),
 }
 
 /// Whether the logs on stderr are coloured: only for a terminal, never for
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
             Command::Ctl(args) => ctl::run(args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Mcp(args) => mcp::run(args).await,
+            Command::Image(args) => engine::image(args).await,
         }
     });
     // Tasks still running (a watch, a forwarding server) are not waited for.

@@ -25,6 +25,11 @@ pub(crate) enum HostKind {
     InProcess,
     /// Each child a `capwire node` process (needs `--state`).
     Process,
+    /// Each child a Docker container (needs the `docker` feature and a
+    /// Docker daemon; see `--image`).
+    Docker,
+    /// Each child a Docker Swarm service (needs a swarm manager).
+    Swarm,
 }
 
 /// Arguments of `capwire node`.
@@ -70,9 +75,15 @@ pub(crate) struct NodeArgs {
     #[arg(long)]
     json: bool,
     /// Run as a child of a process host: JSON lines on stdout, requests on
-    /// stdin, stop when stdin closes.
+    /// stdin, stop when stdin closes (or at SIGTERM).
     #[arg(long)]
     supervised: bool,
+    #[command(flatten)]
+    engine: crate::engine::EngineArgs,
+    /// For tests of a container host's memory limit only: once ready, take
+    /// this much memory (e.g. 512m), a MiB at a time, and hold it.
+    #[arg(long, value_name = "SIZE", hide = true, value_parser = crate::engine::parse_size)]
+    dangerous_hog_memory_for_testing: Option<u64>,
 }
 
 pub(crate) fn agent_builder(app: &str, name: &str) -> capwire::NodeBuilder {
@@ -118,6 +129,9 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
         (HostKind::Process, None) => {
             return Err(Failure::usage("--host process needs --state DIR"));
         }
+        (HostKind::Docker | HostKind::Swarm, _) => {
+            crate::engine::with_host(builder, args.host == HostKind::Swarm, &args.engine)?
+        }
         (HostKind::InProcess, base) => {
             let app = args.app.clone();
             let mut host =
@@ -162,7 +176,13 @@ pub(crate) async fn run(args: NodeArgs) -> Result<(), Failure> {
         print(
             &json!({"event": "ready", "node_id": node.id().to_string(), "addrs": addrs, "caps": caps}),
         );
-        supervised(&node).await;
+        let _hog = args
+            .dangerous_hog_memory_for_testing
+            .map(|size| tokio::spawn(hog(size)));
+        tokio::select! {
+            () = supervised(&node) => {}
+            () = wait_for_signal() => {}
+        }
     } else {
         if args.json {
             print(&json!({
@@ -218,6 +238,21 @@ async fn invite_while_unbound(node: &Node, expect: Option<NodeId>, json: bool) {
     }
 }
 
+/// Takes `size` bytes, a MiB at a time (each page written), and holds
+/// them: a child that goes over its memory limit, for the container
+/// hosts' tests.
+async fn hog(size: u64) {
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut taken = 0u64;
+    while taken < size {
+        held.push(vec![1u8; 1 << 20]);
+        taken += 1 << 20;
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    std::future::pending::<()>().await;
+    drop(held);
+}
+
 /// Returns at Ctrl-C or SIGTERM.
 pub(crate) async fn wait_for_signal() {
     #[cfg(unix)]
@@ -269,7 +304,14 @@ async fn supervised(node: &Node) {
         tokio::select! {
             line = lines.next() => match line {
                 Some(Ok(line)) => match request(node, &line).await {
-                    Some(reply) => print(&reply),
+                    Some(reply) => {
+                        let ready = reply.get("node_id").is_some();
+                        print(&reply);
+                        // A parent that attached anew learns the state too.
+                        if ready {
+                            print(&monitoring_line(last.0, last.1));
+                        }
+                    }
                     None => {
                         tracing::error!("the parent sent a line that is not a request: stopping");
                         return;
@@ -315,6 +357,16 @@ async fn request(node: &Node, line: &str) -> Option<Value> {
                 .await
                 .map(|_| json!({}))
                 .map_err(|e| e.to_string())
+        }
+        Some("ready") => {
+            let caps: Vec<String> = node
+                .manifest()
+                .capabilities
+                .iter()
+                .map(|c| format!("{}@{}", c.id, c.version))
+                .collect();
+            let addrs: Vec<String> = node.local_addrs().iter().map(ToString::to_string).collect();
+            Ok(json!({"node_id": node.id().to_string(), "addrs": addrs, "caps": caps}))
         }
         Some("add_contact") => {
             let contact = (|| {
