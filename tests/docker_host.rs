@@ -25,9 +25,25 @@ verb! {
     pub struct AgentEcho: request "app.agent" / "echo", Bootstrap, String => String;
 }
 
+/// Args of `app.agent/ask`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct AskArgs {
+    /// The node to ask (64 hex digits).
+    pub peer: String,
+    /// What to send its echo.
+    pub text: String,
+}
+
 verb! {
-    /// `app.agent/tell`: the words of its text, one item each.
-    pub struct AgentTell: stream "app.agent" / "tell", Bootstrap, String => String;
+    /// `app.agent/ask` (controller): the child calls `peer`'s echo.
+    pub struct AgentAsk: request "app.agent" / "ask", Controller, AskArgs => String;
+}
+
+/// An echo that takes its time: a call to a child that asks it is in
+/// flight for as long.
+async fn slow_echo(text: String) -> Result<String, capwire::HandlerError> {
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    Ok(text)
 }
 
 /// `docker ARGS`, its standard output (trimmed) when it succeeded.
@@ -146,6 +162,14 @@ async fn state(peer: &Peer, cid: &str) -> capwire::manifest::ChildState {
 
 /// A parent with `host`, a control plane bound to it, and its cleanup.
 async fn parent_and_cp(host: impl capwire::host::Host) -> (Node, Node, Peer, Cleanup) {
+    parent_and(host, Node::builder("cp")).await
+}
+
+/// As [`parent_and_cp`], the control plane built from `cp`.
+async fn parent_and(
+    host: impl capwire::host::Host,
+    cp: capwire::NodeBuilder,
+) -> (Node, Node, Peer, Cleanup) {
     let parent = Node::builder("parent")
         .listen("127.0.0.1:0".parse().unwrap())
         .host(host)
@@ -153,7 +177,7 @@ async fn parent_and_cp(host: impl capwire::host::Host) -> (Node, Node, Peer, Cle
         .await
         .unwrap();
     let cleanup = Cleanup::new(parent.id());
-    let cp = Node::builder("cp")
+    let cp = cp
         .listen("127.0.0.1:0".parse().unwrap())
         .start()
         .await
@@ -194,6 +218,15 @@ async fn bind_child(cp: &Node, peer: &Peer, cid: &str) -> Peer {
 
 fn inspect(container: &str, format: &str) -> String {
     docker(&["inspect", "--format", format, container]).unwrap_or_default()
+}
+
+/// SIGKILL to the container's process from outside the engine, as a
+/// crash would (an engine's own kill counts as stopping it by hand, which
+/// no restart policy undoes).
+fn crash(container: &str) {
+    let pid = inspect(container, "{{.State.Pid}}");
+    let status = Command::new("kill").args(["-9", &pid]).status().unwrap();
+    assert!(status.success(), "kill -9 {pid}");
 }
 
 fn container_of(parent: &Node, cid: &str) -> String {
@@ -296,8 +329,12 @@ async fn a_container_killed_mid_call_fails_the_call_and_comes_back_as_itself() {
         return;
     }
     image();
+    let slow = capwire::Capability::new("app.agent", "1.0.0")
+        .unwrap()
+        .handle(AgentEcho, slow_echo);
+    let cp = Node::builder("cp").capability(slow);
     let (parent, cp, peer, _cleanup) =
-        parent_and_cp(DockerHost::new(EngineConfig::default())).await;
+        parent_and(DockerHost::new(EngineConfig::default()), cp).await;
     let mut events = cp.control_events();
     let child = peer
         .request(
@@ -313,30 +350,33 @@ async fn a_container_killed_mid_call_fails_the_call_and_comes_back_as_itself() {
         .await
         .unwrap();
     let child_peer = bind_child(&cp, &peer, &child.cid).await;
-    let words = "one two three four five six seven eight nine ten ".repeat(200);
-    let mut stream = child_peer.stream(AgentTell, words).await.unwrap();
-    assert!(
-        stream.next().await.unwrap().is_ok(),
-        "the call is under way"
-    );
+    // The child asks the control plane's slow echo: the call is in flight.
+    let asking = child_peer.clone();
+    let ask = AskArgs {
+        peer: cp.id().to_string(),
+        text: "still there?".into(),
+    };
+    let call = tokio::spawn(async move { asking.request(AgentAsk, ask).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if call.is_finished() {
+        panic!("the call is not under way: {:?}", call.await);
+    }
 
     let id = container_of(&parent, &child.cid);
-    assert!(docker(&["kill", "--signal", "KILL", &id]).is_some());
+    crash(&id);
     let killed = Instant::now();
     // The caller hears of it at once: a typed error, no hang.
-    let failed = loop {
-        match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
-            Ok(Some(Ok(_))) => continue,
-            Ok(Some(Err(e))) => break e,
-            Ok(None) => panic!("the stream ended as if complete"),
-            Err(_) => panic!("no error within 5 s of the kill"),
-        }
-    };
+    let failed = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("an answer within 5 s of the kill")
+        .unwrap()
+        .unwrap_err();
     assert!(
         killed.elapsed() < Duration::from_secs(3),
         "{:?}",
         killed.elapsed()
     );
+    assert!(matches!(failed, capwire::CallError::PeerLost), "{failed:?}");
     eprintln!("the call failed with: {failed}");
 
     // The restart policy brings it back, as itself; the roster showed the exit.
@@ -587,7 +627,7 @@ fn spawn_parent(dir: &std::path::Path) -> (std::process::Child, String, Option<S
             "--listen",
             "tcp://127.0.0.1:0",
         ])
-        .arg(format!("--state={}", dir.display()))
+        .arg(format!("--state={}", dir.join("state").display()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -622,6 +662,7 @@ async fn a_parent_killed_and_restarted_adopts_its_containers() {
         .unwrap();
     let invite: Invite = invite.unwrap().parse().unwrap();
     let (peer, _) = cp.connect_invite(&invite).await.unwrap();
+    eprintln!("bound the parent");
     let mut made = Vec::new();
     for name in ["a", "b"] {
         made.push(
@@ -758,7 +799,7 @@ async fn a_swarm_service_killed_comes_back_as_itself() {
 
     // Its container killed: Swarm starts another, the child is itself.
     let id = container_of(&parent, &child.cid);
-    assert!(docker(&["kill", "--signal", "KILL", &id]).is_some());
+    crash(&id);
     eventually("the service's child runs again", 90, async || {
         let s = state(&peer, &child.cid).await;
         s.state == RunState::Running && s.restarts >= 1

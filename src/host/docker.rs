@@ -246,9 +246,17 @@ async fn make(
         readonly_rootfs: Some(true),
         security_opt: Some(vec!["no-new-privileges".to_owned()]),
         cap_drop: Some(vec!["ALL".to_owned()]),
-        restart_policy: Some(RestartPolicy {
-            name: Some(RestartPolicyNameEnum::ON_FAILURE),
-            maximum_retry_count: Some(i64::from(p.restarts.unwrap_or(0))),
+        // Bounded: a child that keeps failing ends up exited and reported
+        // (the engine reads a count of 0 as "for ever": that is "no").
+        restart_policy: Some(match p.restarts.unwrap_or(0) {
+            0 => RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            },
+            n => RestartPolicy {
+                name: Some(RestartPolicyNameEnum::ON_FAILURE),
+                maximum_retry_count: Some(i64::from(n)),
+            },
         }),
         network_mode: Some(network_mode),
         port_bindings,

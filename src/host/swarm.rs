@@ -248,11 +248,19 @@ async fn make(
                 }),
                 ..TaskSpecResources::default()
             }),
-            restart_policy: Some(TaskSpecRestartPolicy {
-                condition: Some(TaskSpecRestartPolicyConditionEnum::ON_FAILURE),
-                delay: Some(RESTART_DELAY_NS),
-                max_attempts: Some(i64::from(p.restarts.unwrap_or(0))),
-                window: None,
+            // Bounded, as the container host's (Swarm reads 0 attempts as
+            // "for ever": that is condition "none").
+            restart_policy: Some(match p.restarts.unwrap_or(0) {
+                0 => TaskSpecRestartPolicy {
+                    condition: Some(TaskSpecRestartPolicyConditionEnum::NONE),
+                    ..TaskSpecRestartPolicy::default()
+                },
+                n => TaskSpecRestartPolicy {
+                    condition: Some(TaskSpecRestartPolicyConditionEnum::ON_FAILURE),
+                    delay: Some(RESTART_DELAY_NS),
+                    max_attempts: Some(i64::from(n)),
+                    window: None,
+                },
             }),
             placement: Some(TaskSpecPlacement {
                 constraints: (!p.constraints.is_empty()).then(|| p.constraints.clone()),
