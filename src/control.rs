@@ -12,7 +12,7 @@ use capwire_envelope::{Limits as WireLimits, NodeId};
 use capwire_manifest::{Manifest, ManifestTracker, Registry};
 use tokio::sync::Notify;
 
-use crate::dispatch::authority::Authorities;
+use crate::authority::Authorities;
 use crate::dispatch::handler::RouteHandler;
 use crate::error::NodeError;
 use crate::net::peers::Peers;

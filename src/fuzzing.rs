@@ -130,7 +130,7 @@ pub(crate) fn dispatcher() -> Dispatcher {
 fn dispatcher_bound(controller: Option<NodeId>) -> Dispatcher {
     let binding = Arc::new(SharedBinding::new(BindingState::restore(controller)));
     let delegations = Arc::new(capwire_authz::Delegations::default());
-    let authorities = Arc::new(crate::dispatch::authority::Authorities::new(
+    let authorities = Arc::new(crate::authority::Authorities::new(
         binding.clone(),
         delegations.clone(),
     ));

@@ -163,8 +163,10 @@
 //! `shutdown_grace + close_timeout + 350 ms` whatever peers do.
 
 mod addr;
+mod authority;
 mod client;
 mod config;
+mod contact;
 mod control;
 mod core;
 mod dispatch;
@@ -174,6 +176,7 @@ pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod grants;
+mod handle;
 pub mod host;
 pub mod identity;
 mod invite;
@@ -188,10 +191,12 @@ pub mod stream;
 mod tap;
 pub mod task;
 mod tasks;
+mod time;
 
 pub use addr::{Addr, AddrParseError};
 pub use client::Peer;
 pub use config::Limits;
+pub use contact::Contact;
 pub use core::configuration::ConfigWatch;
 pub use core::events::ControlEvent;
 pub use dispatch::error::HandlerError;
@@ -200,14 +205,14 @@ pub use dispatch::handler::{Handler, StreamHandler, TaskHandler};
 pub use dispatch::metrics::{MetricRow, MetricsSnapshot, Outcome};
 pub use dispatch::raw::RawVerb;
 pub use error::{CallError, NodeError};
+pub use handle::NodeHandle;
 pub use invite::{Invite, InviteParseError, MAX_INVITE_LEN};
-pub use net::peers::Contact;
-pub use net::session::Direction;
+pub use net::counters::Direction;
+pub use net::counters::HandshakeFailure;
 pub use node::builder::{Capability, NodeBuilder};
-pub use node::handle::NodeHandle;
 pub use node::{ManifestWatch, Node};
 pub use proto::ledger::LedgerSizes;
-pub use stats::{HandshakeFailure, NodeStats};
+pub use stats::NodeStats;
 pub use store::StoreError;
 pub use stream::{ItemStream, Items, StreamClosed};
 pub use task::{Task, TaskError, TaskEvents, TaskHandle};

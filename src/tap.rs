@@ -76,11 +76,7 @@ pub(crate) struct Tap {
 }
 
 /// Milliseconds since the Unix epoch, by the wall clock.
-pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub(crate) use crate::time::unix_ms;
 
 /// `frame` (a control frame) with `null` args and the args' length, when
 /// its args are longer than `body_max`; `Some(None)` when they are not;

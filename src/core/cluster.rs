@@ -22,6 +22,7 @@ use capwire_manifest::{
 use tokio_util::sync::CancellationToken;
 
 use crate::addr::Addr;
+use crate::contact::Contact;
 use crate::core::events::ControlEvent;
 use crate::core::roster::{check_name, check_text, monitoring_str, status_of, status_str, view};
 use crate::core::state::{Core, CoreState, Durable, OnceKey, lock, typed};
@@ -29,7 +30,6 @@ use crate::dispatch::extract::{Meta, Sender};
 use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
 use crate::host::{ChildInfo, ChildRun, ChildSpec, HostError, HostEvent};
 use crate::invite::Invite;
-use crate::net::peers::Contact;
 use crate::store::{Batch, MemberRecord};
 
 /// How long one roster push may wait for the control plane's session.

@@ -7,11 +7,11 @@ use capwire_envelope::{ErrorBody, ErrorCode};
 use capwire_manifest::{ConnectIntroduce, IntroduceArgs, IntroduceReply};
 
 use crate::addr::Addr;
+use crate::contact::Contact;
 use crate::core::roster::check_name;
 use crate::core::state::{Core, OnceKey, typed};
 use crate::dispatch::extract::{Meta, Sender};
 use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, Typed};
-use crate::net::peers::Contact;
 use crate::store::{Batch, ContactRecord};
 
 fn check(args: &IntroduceArgs, own: &capwire_envelope::NodeId) -> Result<Contact, ErrorBody> {

@@ -14,6 +14,7 @@ pub(crate) mod cluster;
 pub(crate) mod configuration;
 pub(crate) mod connect;
 pub(crate) mod events;
+pub(crate) mod grant_state;
 pub(crate) mod grants;
 pub(crate) mod monitoring;
 pub(crate) mod protocol;

@@ -15,17 +15,17 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 use tokio_util::task::TaskTracker;
 
+use crate::contact::Contact;
 use crate::control::Control;
 use crate::core::answers::{Answer, AnswerLimits, Answers, Lookup};
 use crate::core::events::{ControlEvent, EVENT_BUFFER};
 use crate::core::roster::Roster;
 use crate::dispatch::extract::{Context, Extensions, FromContext};
 use crate::dispatch::handler::HandlerError;
+use crate::handle::NodeHandle;
 use crate::host::Host;
 use crate::invite::Invite;
 use crate::net::Net;
-use crate::net::peers::Contact;
-use crate::node::handle::NodeHandle;
 use crate::store::{
     AnswerKey, Batch, BindingRecord, ConfigRecord, ContactRecord, Loaded, MemberRecord, RosterMeta,
     Store,
@@ -113,7 +113,7 @@ pub(crate) struct CoreState {
     pub(crate) host: Arc<dyn Host>,
     pub(crate) limits: CoreLimits,
     /// Delegated rights: the keys, the presented tokens, the revocations.
-    pub(crate) grants: Arc<crate::core::grants::GrantState>,
+    pub(crate) grants: Arc<crate::core::grant_state::GrantState>,
     config_tx: watch::Sender<ConfigValue>,
     roster_tx: watch::Sender<RosterView>,
     /// The application's receivers of pushes (`Node::control_events`),
@@ -182,7 +182,7 @@ impl CoreState {
         handle: NodeHandle,
         host: Arc<dyn Host>,
         limits: CoreLimits,
-        grants: Arc<crate::core::grants::GrantState>,
+        grants: Arc<crate::core::grant_state::GrantState>,
     ) -> (Self, Vec<AnswerKey>) {
         let (answers, expired) = Answers::load(loaded.answers, limits.answers, unix_ms());
         let config = loaded.config.unwrap_or_else(empty_config);

@@ -17,10 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::events::ControlEvent;
 use crate::core::state::{Core, CoreState};
+use crate::dispatch::extract::Tasks;
 use crate::dispatch::extract::{Channel, Sender};
 use crate::dispatch::handler::{HandlerError, RouteEntry, RouteHandler, StreamTyped, Typed};
-use crate::stream::Items;
-use crate::tasks::{TaskId, TaskService, Tasks, wire_event};
+use crate::dispatch::items::{Items, StreamClosed};
+use crate::tasks::{TaskId, TaskService, wire_event};
 
 /// Tasks in one page of `list`, by default and at most.
 const PAGE: u32 = 50;
@@ -164,9 +165,9 @@ async fn subscribe(
     let watcher = service.watcher(id);
     // Refused for want of sight: the caller is told what it would be told
     // of a task it cannot see.
-    let sent = |r: Result<(), crate::stream::StreamClosed>| {
+    let sent = |r: Result<(), StreamClosed>| {
         r.map_err(|e| match e {
-            crate::stream::StreamClosed::Unauthorized => not_found(),
+            StreamClosed::Unauthorized => not_found(),
             e => HandlerError::from(e),
         })
     };

@@ -1,5 +1,6 @@
 //! The error a handler returns.
 
+use crate::tasks::task::TaskError;
 use capwire_envelope::{ErrorBody, ErrorCode, RawValue};
 
 /// The error a handler returns: a wire error code and a message.
@@ -60,3 +61,16 @@ impl std::fmt::Display for HandlerError {
 }
 
 impl std::error::Error for HandlerError {}
+
+impl From<TaskError> for HandlerError {
+    fn from(e: TaskError) -> Self {
+        let code = match e {
+            TaskError::Ended => ErrorCode::Cancelled,
+            TaskError::NoAnswer => ErrorCode::Timeout,
+            TaskError::BadAnswer(_) => ErrorCode::BadArgs,
+            TaskError::TooLarge => ErrorCode::TooLarge,
+            TaskError::Encode(_) | TaskError::Store(_) => ErrorCode::Internal,
+        };
+        HandlerError::new(code, e.to_string())
+    }
+}

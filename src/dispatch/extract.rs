@@ -51,6 +51,15 @@ impl Extensions {
     }
 }
 
+/// Where a task came from: what its handler's extractors see.
+#[derive(Clone)]
+pub(crate) struct Origin {
+    pub(crate) submitter: NodeId,
+    pub(crate) req_id: ReqId,
+    pub(crate) extensions: Arc<Extensions>,
+    pub(crate) channel: Channel,
+}
+
 /// What the runtime knows about the envelope a handler is running for.
 pub struct Context {
     pub(crate) sender: NodeId,
@@ -65,10 +74,10 @@ pub struct Context {
     /// The session the envelope came on.
     pub(crate) channel: Channel,
     /// For a job serving a stream: where its items go.
-    pub(crate) stream: Option<crate::net::streams::Served>,
+    pub(crate) stream: Option<crate::dispatch::items::Served>,
     /// For a controller verb: the authority it was admitted on, which a
     /// task it submits keeps while it runs.
-    pub(crate) authority: Option<Arc<crate::dispatch::authority::Authority>>,
+    pub(crate) authority: Option<Arc<crate::authority::Authority>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -85,14 +94,11 @@ impl Context {
     /// The context of a task's handler: what its submit's envelope said,
     /// with the task's token as the parent. A task has no budget: it runs
     /// until it ends or is cancelled.
-    pub(crate) fn for_task(
-        origin: crate::dispatch::handler::Origin,
-        token: CancellationToken,
-    ) -> Self {
+    pub(crate) fn for_task(origin: Origin, token: CancellationToken) -> Self {
         Self {
             sender: origin.submitter,
             req_id: origin.req_id,
-            deadline: crate::client::deadline_after(std::time::Duration::from_secs(86_400 * 365)),
+            deadline: crate::time::deadline_after(std::time::Duration::from_secs(86_400 * 365)),
             extensions: origin.extensions,
             parent: token,
             cancel: None,
@@ -227,5 +233,25 @@ impl<T: Clone + Send + Sync + 'static> FromContext for State<T> {
                 std::any::type_name::<T>()
             )),
         }
+    }
+}
+
+/// The task service, as handlers (the task verbs' and `core.tasks`') take
+/// it.
+#[derive(Clone)]
+pub(crate) struct Tasks(pub(crate) Arc<crate::tasks::TaskService>);
+
+impl FromContext for Tasks {
+    fn from_context(cx: &mut Context) -> Result<Self, HandlerError> {
+        cx.runtime::<Tasks>().ok_or_else(|| {
+            HandlerError::new(ErrorCode::Internal, "the task service is not installed")
+        })
+    }
+
+    fn check(extensions: &Extensions) -> Result<(), String> {
+        extensions
+            .runtime::<Tasks>()
+            .map(|_| ())
+            .ok_or_else(|| "the task service is not installed".to_owned())
     }
 }

@@ -13,20 +13,20 @@
 //! envelope, runs the handler, and encodes its result; handlers never touch
 //! the connection.
 
-use std::any::Any;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
-use capwire_envelope::{DecodeError, ErrorCode, NodeId, RawValue, ReqId};
+use capwire_envelope::{DecodeError, ErrorCode, RawValue};
 use capwire_manifest::{StreamVerb, TaskVerb, VerbDef};
 
 pub(crate) use crate::dispatch::error::HandlerError;
-use crate::dispatch::extract::{Channel, Context, Extensions, FromContext};
-use crate::stream::Items;
-use crate::task::Task;
-use crate::tasks::{Start, Tasks};
+use crate::dispatch::extract::Tasks;
+use crate::dispatch::extract::{Context, Extensions, FromContext};
+use crate::dispatch::items::Items;
+use crate::tasks::Start;
+use crate::tasks::task::Task;
 
 /// A boxed, sendable future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -276,14 +276,7 @@ pub(crate) trait ErasedHandler: Send + Sync + 'static {
     }
 }
 
-/// Where a task came from: what its handler's extractors see.
-#[derive(Clone)]
-pub(crate) struct Origin {
-    pub(crate) submitter: NodeId,
-    pub(crate) req_id: ReqId,
-    pub(crate) extensions: Arc<Extensions>,
-    pub(crate) channel: Channel,
-}
+pub(crate) use crate::dispatch::extract::Origin;
 
 /// What the registry stores for each route: the erased handler and the
 /// route's index in the registry (set once the registry is built; it keys
@@ -486,7 +479,7 @@ where
             let fut = handler.call(args, task, &mut cx);
             Box::pin(async move {
                 let out = fut.await.map_err(HandlerError::into_body)?;
-                crate::task::encode_result(&out)
+                crate::tasks::task::encode_result(&out)
             })
         })
     }
@@ -564,15 +557,4 @@ pub(crate) fn submit_task(
             )
         })
     })
-}
-
-/// Turns a caught panic payload into a message.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "handler panicked".to_string()
-    }
 }

@@ -14,9 +14,10 @@ use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::extract::Context;
-use crate::dispatch::handler::{BoxFuture, HandlerError, panic_message};
+use crate::dispatch::handler::{BoxFuture, HandlerError};
 use crate::dispatch::metrics::Outcome;
 use crate::dispatch::{Dispatcher, Job};
+use crate::error::panic_message;
 
 /// How a job ended.
 #[derive(Debug)]
@@ -91,7 +92,7 @@ pub(crate) fn start(
     parent: &CancellationToken,
     now: Instant,
     channel: crate::dispatch::extract::Channel,
-    stream: Option<crate::net::streams::Served>,
+    stream: Option<crate::dispatch::items::Served>,
     task: &mut TaskContext<'_>,
 ) -> Started {
     // A binding change since the decision takes effect here (bootstrap

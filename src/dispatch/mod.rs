@@ -13,10 +13,10 @@
 //! Nothing here does I/O: the session core calls `admit`, the connection
 //! driver runs the job.
 
-pub(crate) mod authority;
 pub(crate) mod error;
 pub(crate) mod extract;
 pub(crate) mod handler;
+pub(crate) mod items;
 pub(crate) mod job;
 pub(crate) mod metrics;
 pub(crate) mod raw;
@@ -33,10 +33,10 @@ use capwire_authz::{
 use capwire_envelope::{ControlRef, ErrorBody, ErrorCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{DeclaredClass, Registry, VerbKind};
 
+use crate::authority::Authorities;
 use crate::proto::ledger::{Check, Ledger, Partition};
 use crate::proto::session::{Admission, Admit, Work};
 use crate::tap::{Tap, Way};
-use authority::Authorities;
 use extract::Extensions;
 use handler::RouteHandler;
 use metrics::{Metrics, Outcome};

@@ -14,9 +14,9 @@ use crate::dispatch::extract::{Context, Extensions, FromContext, Meta, Sender};
 use crate::dispatch::handler::{
     BoxFuture, ErasedHandler, HandlerError, Origin, fail_now, stream_items, submit_task,
 };
-use crate::stream::Items;
-use crate::task::Task;
+use crate::dispatch::items::Items;
 use crate::tasks::Start;
+use crate::tasks::task::Task;
 
 /// A request or notification verb without a Rust type, for
 /// [`Capability::handle_raw`](crate::Capability::handle_raw).

@@ -22,6 +22,7 @@ use capwire_envelope::NodeId;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
+use crate::contact::Contact;
 use crate::host::engine::{
     EngineConfig, LABEL_CID, LABEL_PARENT, Names, Network, STATE_DIR, Shared, check_placement,
     effective, engine_error, labels, listen_addr, node_args, run_of, status_of,
@@ -29,7 +30,6 @@ use crate::host::engine::{
 use crate::host::pipe::lock;
 use crate::host::{ChildInfo, ChildSpec, Host, HostError, HostEvent, HostFuture};
 use crate::invite::Invite;
-use crate::net::peers::Contact;
 
 /// Runs children as Docker containers (needs the `docker` feature).
 ///

@@ -35,12 +35,12 @@ use tokio_util::codec::{FramedRead, LinesCodec};
 use tokio_util::io::StreamReader;
 
 use crate::addr::Addr;
+use crate::contact::Contact;
 use crate::host::pipe::{
     LinesEnd, MAX_LINE, Proc, UNWATCHED, Writer, failed, forward, info_of, lock, read_lines,
 };
 use crate::host::{ChildInfo, ChildRun, ChildSpec, HostError, HostEvent};
 use crate::invite::Invite;
-use crate::net::peers::Contact;
 
 /// Label: the parent's key (hex).
 pub(crate) const LABEL_PARENT: &str = "capwire.parent";

@@ -12,9 +12,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::addr::Addr;
+use crate::contact::Contact;
 use crate::host::{ChildInfo, ChildSpec, Host, HostError, HostEvent, HostFuture};
 use crate::invite::Invite;
-use crate::net::peers::Contact;
 use crate::node::Node;
 use crate::node::builder::NodeBuilder;
 

@@ -50,8 +50,8 @@ use capwire_envelope::NodeId;
 use capwire_manifest::MonitoringStatus;
 
 use crate::addr::Addr;
+use crate::contact::Contact;
 use crate::invite::Invite;
-use crate::net::peers::Contact;
 
 pub use capwire_manifest::{Placement, RunState};
 #[cfg(feature = "docker")]

@@ -85,13 +85,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{FramedRead, LinesCodec};
 
 use crate::addr::Addr;
+use crate::contact::Contact;
 use crate::host::pipe::{
     LinesEnd, MAX_LINE, Proc, UNWATCHED, Writer, broke, failed, forward, lock, parse_ready,
     read_error, read_lines,
 };
 use crate::host::{ChildInfo, ChildSpec, Host, HostError, HostEvent, HostFuture};
 use crate::invite::Invite;
-use crate::net::peers::Contact;
 
 /// How long a child stopped through its closed input may take to exit
 /// before it is killed.

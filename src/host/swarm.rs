@@ -24,6 +24,7 @@ use capwire_manifest::RunState;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
+use crate::contact::Contact;
 use crate::host::docker::remove_volume;
 use crate::host::engine::{
     EngineConfig, LABEL_CID, LABEL_PARENT, Names, Network, STATE_DIR, Shared, check_placement,
@@ -32,7 +33,6 @@ use crate::host::engine::{
 use crate::host::pipe::{failed, lock};
 use crate::host::{ChildInfo, ChildSpec, Host, HostError, HostEvent, HostFuture};
 use crate::invite::Invite;
-use crate::net::peers::Contact;
 
 /// The label Swarm puts on a service's containers.
 const SERVICE_LABEL: &str = "com.docker.swarm.service.name";

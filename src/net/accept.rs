@@ -21,7 +21,7 @@ use governor::{Quota, RateLimiter};
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
-use crate::stats::HandshakeFailure;
+use crate::net::counters::HandshakeFailure;
 
 /// Refusals in progress at once (each lasts at most a quarter second);
 /// beyond, a refused stream gets its "busy" bytes without the wait.

@@ -38,13 +38,14 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
 use crate::dispatch::extract::Channel;
+use crate::dispatch::items::Served;
 use crate::dispatch::job::{self, Finished, Started};
 use crate::dispatch::{Dispatcher, Job};
+use crate::net::counters::{HandshakeFailure, NetCounters, OpenSession};
 use crate::net::io::{Reader, Writer};
 use crate::net::session::{Session, Waiter};
-use crate::net::streams::{Served, StreamSink};
+use crate::net::streams::StreamSink;
 use crate::proto::session::{End, Event, Ticket};
-use crate::stats::{HandshakeFailure, NetCounters, OpenSession};
 
 /// A fresh read buffer, for a quiet session.
 const READ_SMALL: usize = 2 * 1024;
@@ -120,7 +121,7 @@ pub(crate) struct ConnEnv {
     /// Sessions open, and connections that never opened.
     pub(crate) stats: Arc<NetCounters>,
     /// The node's stream counters.
-    pub(crate) streams: Arc<crate::stats::StreamCounters>,
+    pub(crate) streams: Arc<crate::dispatch::items::StreamCounters>,
 }
 
 /// Why an outbound session did not open.
@@ -492,7 +493,7 @@ impl Driver {
                             let credit = Arc::new(Notify::new());
                             self.credits.insert(ticket.id, credit.clone());
                             Served {
-                                session: self.session.clone(),
+                                out: self.session.clone(),
                                 req_id: ticket.req_id().clone(),
                                 credit,
                                 idle: self.env.timing.stream_idle,

@@ -13,10 +13,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::addr::Addr;
+use crate::contact::Contact;
 use crate::error::NodeError;
 use crate::net::Net;
 use crate::net::backoff::Backoff;
-use crate::net::peers::Contact;
 use crate::net::session::Session;
 
 /// First pause after a "busy" answer; it doubles up to [`BUSY_MAX`].

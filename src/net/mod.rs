@@ -14,6 +14,7 @@
 pub(crate) mod accept;
 pub(crate) mod backoff;
 pub(crate) mod conn;
+pub(crate) mod counters;
 pub(crate) mod dialer;
 pub(crate) mod io;
 pub(crate) mod listener;
@@ -33,12 +34,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::dispatch::Dispatcher;
 use crate::error::NodeError;
+use crate::net::counters::HandshakeFailure;
 use crate::proto::session::{End, SessionCore, SessionLimits};
-use crate::stats::HandshakeFailure;
 use accept::AcceptGate;
 use conn::{ConnEnv, Failure};
+use counters::Direction;
 use peers::Peers;
-use session::{Direction, Session};
+use session::Session;
 
 /// Everything a node needs to run connections.
 pub(crate) struct Net {

@@ -12,24 +12,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::addr::Addr;
 use crate::net::conn::SessionHooks;
-use crate::net::session::{Direction, Session};
+use crate::net::counters::Direction;
+use crate::net::session::Session;
 use crate::proto::codec::Hellos;
 use crate::proto::streams::Window;
 use crate::tap::Tap;
 
-/// A contact: a peer this node knows by name, key and address, and keeps a
-/// session with (redialling with backoff when it drops).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Contact {
-    /// A local name for the peer.
-    pub name: String,
-    /// The peer's identity (compared in canonical form).
-    pub id: NodeId,
-    /// Where to dial it.
-    pub addr: Addr,
-}
+pub(crate) use crate::contact::Contact;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

@@ -21,6 +21,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Job;
+use crate::dispatch::items::StreamOut;
 use crate::dispatch::job::Finished;
 use crate::error::CallError;
 use crate::net::io::Writer;
@@ -65,14 +66,7 @@ const DIRECT_SPACING: Duration = Duration::from_micros(20);
 /// run before it returns.
 const YIELD_BACKLOG: usize = 64 * 1024;
 
-/// Which side dialled a session (or tried to).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Direction {
-    /// The peer dialled us.
-    Inbound,
-    /// We dialled the peer.
-    Outbound,
-}
+use crate::net::counters::Direction;
 
 /// The sending half of the record layer.
 pub(crate) struct Tx {
@@ -453,48 +447,6 @@ impl Session {
         self.abandon(req_id);
     }
 
-    /// Queues an item of a stream we serve, at once or not at all;
-    /// `Ok(true)` when the send queue has a backlog (a producer in a loop
-    /// should let the writer run).
-    ///
-    /// `holds` is asked under the session's lock, so an item is never
-    /// queued behind an answer sent after what made `holds` false.
-    ///
-    /// # Errors
-    /// Why it cannot go now ([`ItemRefused::NoCredit`],
-    /// [`ItemRefused::Full`]: wait and try again; [`ItemRefused::Unauthorized`]
-    /// when `holds` said no) or ever.
-    pub(crate) fn send_item(
-        &self,
-        req_id: &ReqId,
-        frame: &Bytes,
-        len: usize,
-        holds: impl FnOnce() -> bool,
-    ) -> Result<bool, ItemRefused> {
-        let mut state = self.state();
-        if !holds() {
-            return Err(ItemRefused::Unauthorized);
-        }
-        state.core.send_item(req_id, frame.clone(), len)?;
-        let backlog = state.core.queued_bytes() >= YIELD_BACKLOG;
-        drop(state);
-        self.wake();
-        Ok(backlog)
-    }
-
-    /// Waits until the send queue may have room for `len` bytes, or
-    /// `deadline` (for items of streams we serve).
-    ///
-    /// # Errors
-    /// `Timeout` at the deadline.
-    pub(crate) async fn room(
-        &self,
-        len: usize,
-        deadline: tokio::time::Instant,
-    ) -> Result<(), CallError> {
-        self.wait_for_room(len, deadline).await
-    }
-
     /// Waits until the send queue may have room for `len` bytes (or the
     /// session ends).
     async fn wait_for_room(
@@ -644,5 +596,34 @@ fn refused_error<T>(refused: Refused<T>) -> CallError {
         Refused::Unsupported => {
             CallError::Unsupported("the peer speaks protocol 1, which has no streams".to_owned())
         }
+    }
+}
+
+/// The items of the streams the peer opened go out on its session.
+impl StreamOut for Session {
+    fn send_item(
+        &self,
+        req_id: &ReqId,
+        frame: &Bytes,
+        len: usize,
+        holds: &dyn Fn() -> bool,
+    ) -> Result<bool, ItemRefused> {
+        let mut state = self.state();
+        if !holds() {
+            return Err(ItemRefused::Unauthorized);
+        }
+        state.core.send_item(req_id, frame.clone(), len)?;
+        let backlog = state.core.queued_bytes() >= YIELD_BACKLOG;
+        drop(state);
+        self.wake();
+        Ok(backlog)
+    }
+
+    fn room(
+        &self,
+        len: usize,
+        deadline: tokio::time::Instant,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        Box::pin(async move { self.wait_for_room(len, deadline).await.is_ok() })
     }
 }

@@ -7,31 +7,10 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use bytes::Bytes;
-use capwire_envelope::ReqId;
-use tokio::sync::Notify;
 
-use crate::net::session::Session;
 use crate::proto::session::Reply;
-
-/// What the handler serving one of the peer's streams sends its items
-/// through: the session, the stream's id, and what wakes it when the peer
-/// grants credit.
-#[derive(Debug, Clone)]
-pub(crate) struct Served {
-    pub(crate) session: Arc<Session>,
-    pub(crate) req_id: ReqId,
-    pub(crate) credit: Arc<Notify>,
-    /// The longest the handler waits for credit.
-    pub(crate) idle: Duration,
-    /// The node's stream counters.
-    pub(crate) counters: Arc<crate::stats::StreamCounters>,
-    /// For a stream of a controller verb: the authority it was opened on,
-    /// asked before each item.
-    pub(crate) authority: Option<Arc<crate::dispatch::authority::Authority>>,
-}
 
 /// What the consumer of a stream gets next.
 #[derive(Debug)]

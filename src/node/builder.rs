@@ -12,6 +12,7 @@ use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
 
 use crate::addr::Addr;
 use crate::config::Limits;
+use crate::contact::Contact;
 use crate::dispatch::extract::Extensions;
 use crate::dispatch::handler::{
     Handler, RouteEntry, RouteHandler, StreamHandler, StreamTyped, TaskArgsCheck, TaskHandler,
@@ -20,7 +21,6 @@ use crate::dispatch::handler::{
 use crate::dispatch::raw::{ArgsCheck, Raw, RawStream, RawTask, RawVerb};
 use crate::error::NodeError;
 use crate::host::Host;
-use crate::net::peers::Contact;
 use crate::node::runtime::Parts;
 
 /// An `app.*` capability with its typed handlers, ready to be added to a

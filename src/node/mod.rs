@@ -1,7 +1,7 @@
 //! The node: the public handle of the composition root.
 
 pub(crate) mod builder;
-pub(crate) mod handle;
+
 pub(crate) mod runtime;
 pub(crate) mod shutdown;
 
@@ -18,19 +18,21 @@ use tokio::net::TcpListener;
 use tokio::net::UnixListener;
 
 use crate::addr::Addr;
-use crate::client::{Peer, deadline_after};
+use crate::client::Peer;
+use crate::contact::Contact;
 use crate::core::configuration::ConfigWatch;
 use crate::dispatch::metrics::MetricsSnapshot;
 use crate::error::NodeError;
+use crate::handle::NodeHandle;
 use crate::invite::Invite;
+use crate::net::counters::Direction;
+use crate::net::counters::HandshakeFailure;
 use crate::net::dialer;
 use crate::net::listener::accept_loop;
-use crate::net::peers::Contact;
-use crate::net::session::Direction;
 use crate::proto::ledger::LedgerSizes;
-use crate::stats::{HandshakeFailure, NodeStats};
+use crate::stats::NodeStats;
+use crate::time::deadline_after;
 use builder::NodeBuilder;
-use handle::NodeHandle;
 use runtime::Runtime;
 
 /// A running capwire node. Cheap to clone; every clone is the same node.
@@ -101,9 +103,9 @@ impl Node {
             copies_queued: tap.queued(),
             ..NodeStats::default()
         };
-        self.rt.net.env.stats.read_into(&mut stats);
-        self.rt.net.env.streams.read_into(&mut stats);
-        self.rt.tasks.read_into(&mut stats);
+        stats.read_net(&self.rt.net.env.stats);
+        stats.read_streams(&self.rt.net.env.streams);
+        (stats.tasks, stats.task_events, stats.task_pushes_dropped) = self.rt.tasks.figures();
         let grants = &self.rt.core.grants.delegations;
         let counts = grants.counts();
         stats.grants_presented = counts.presented;

@@ -25,33 +25,34 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::addr::Addr;
+use crate::authority::Authorities;
 use crate::config::Limits;
 use crate::control::{Control, hello_for};
 use crate::core::answers::AnswerLimits;
-use crate::core::grants::GrantState;
+use crate::core::grant_state::GrantState;
 use crate::core::monitoring;
 use crate::core::state::{Core, CoreLimits, CoreState, Dialer};
 use crate::core::{
     cluster, configuration, connect, grants as core_grants, protocol, tasks as core_tasks,
 };
 use crate::dispatch::Dispatcher;
-use crate::dispatch::authority::Authorities;
 use crate::dispatch::extract::Extensions;
+use crate::dispatch::extract::Tasks;
 use crate::dispatch::handler::RouteHandler;
 use crate::error::NodeError;
+use crate::handle::NodeHandle;
 use crate::host::{Host, InProcessHost};
 use crate::net::Net;
 use crate::net::accept::{AcceptGate, AcceptLimits};
 use crate::net::conn::{ConnEnv, Timing};
 use crate::net::peers::{BudgetLimits, Contact, Peers, StreamDefaults};
-use crate::node::handle::NodeHandle;
 use crate::proto::ledger::{Ledger, LedgerLimits};
 use crate::proto::session::SessionLimits;
 use crate::proto::streams::Window;
 use crate::store::memory::MemoryStore;
 use crate::store::{Batch, Loaded, Store};
 use crate::tap::{Tap, TapLimits};
-use crate::tasks::{TaskLimits, TaskService, Tasks};
+use crate::tasks::{TaskLimits, TaskService};
 
 /// How often the replay ledger is swept of expired entries.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -311,7 +312,8 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             max_body: limits.max_task_body,
             retention_ms: u64::try_from(limits.task_retention.as_millis()).unwrap_or(u64::MAX),
         },
-        control.clone(),
+        binding.clone(),
+        authorities.clone(),
     ));
     // Capacity for tasks is kept for the control plane and contacts.
     let contacts = Arc::downgrade(&peers);
@@ -453,7 +455,7 @@ impl crate::tasks::Resumer for Resume {
         fresh: bool,
     ) -> Option<crate::tasks::Start> {
         let route = self.registry.lookup(cap, verb)?;
-        let origin = crate::dispatch::handler::Origin {
+        let origin = crate::dispatch::extract::Origin {
             submitter,
             req_id: capwire_envelope::ReqId::try_from(req_id).ok()?,
             extensions: self.extensions.upgrade()?,

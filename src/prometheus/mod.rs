@@ -55,9 +55,10 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::net::session::Direction;
+use crate::net::counters::Direction;
+use crate::net::counters::HandshakeFailure;
 use crate::node::Node;
-use crate::stats::{HandshakeFailure, NodeStats};
+use crate::stats::NodeStats;
 
 pub use http::{MetricsServer, ServerLimits, serve, serve_with};
 

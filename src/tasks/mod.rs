@@ -23,6 +23,7 @@
 //! `failed` with the code `interrupted` otherwise.
 
 pub(crate) mod table;
+pub(crate) mod task;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -31,6 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
+use capwire_authz::SharedBinding;
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId, RawValue};
 use capwire_manifest::{TaskChanged, TaskEvent, TaskEventKind, TaskInfo, TaskState, TaskSubmitted};
 use futures_util::FutureExt;
@@ -38,33 +40,10 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::control::Control;
-use crate::dispatch::authority::{Authority, Basis};
-use crate::dispatch::error::HandlerError;
-use crate::dispatch::extract::{Context, Extensions, FromContext};
+use crate::authority::{Authorities, Authority, Basis};
 use crate::store::{Store, StoreError, TaskAuthority, TaskEventRecord, TaskRecord};
-use crate::tap::unix_ms;
+use crate::time::unix_ms;
 pub(crate) use table::{Change, TaskId, TaskLimits, TaskTable};
-
-/// The task service, as handlers (the task verbs' and `core.tasks`') take
-/// it.
-#[derive(Clone)]
-pub(crate) struct Tasks(pub(crate) Arc<TaskService>);
-
-impl FromContext for Tasks {
-    fn from_context(cx: &mut Context) -> Result<Self, HandlerError> {
-        cx.runtime::<Tasks>().ok_or_else(|| {
-            HandlerError::new(ErrorCode::Internal, "the task service is not installed")
-        })
-    }
-
-    fn check(extensions: &Extensions) -> Result<(), String> {
-        extensions
-            .runtime::<Tasks>()
-            .map(|_| ())
-            .ok_or_else(|| "the task service is not installed".to_owned())
-    }
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -76,7 +55,7 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// What runs a task's handler: given the task's context, the handler's
 /// future (its result item, or its error).
 pub(crate) type Start =
-    Box<dyn FnOnce(crate::task::Task) -> BoxFuture<Result<RawValue, ErrorBody>> + Send>;
+    Box<dyn FnOnce(task::Task) -> BoxFuture<Result<RawValue, ErrorBody>> + Send>;
 
 /// Finds the resume handler of a task verb after a restart: given the
 /// task's verb and args, what runs it again (`None`: the verb has no
@@ -192,7 +171,10 @@ pub(crate) struct TaskService {
     store: Arc<dyn Store>,
     blocking: bool,
     pub(crate) limits: TaskLimits,
-    control: Arc<Control>,
+    /// The node's binding (who the control plane is) and what running
+    /// work holds its authority from.
+    binding: Arc<SharedBinding>,
+    authorities: Arc<Authorities>,
     watchers: Mutex<HashMap<TaskId, Arc<Notify>>>,
     runs: Mutex<HashMap<TaskId, Run>>,
     pushes: Mutex<Pushes>,
@@ -300,7 +282,8 @@ impl TaskService {
         store: Arc<dyn Store>,
         blocking: bool,
         limits: TaskLimits,
-        control: Arc<Control>,
+        binding: Arc<SharedBinding>,
+        authorities: Arc<Authorities>,
     ) -> Self {
         let (cmds, inbox) = mpsc::channel(QUEUE);
         Self {
@@ -310,7 +293,8 @@ impl TaskService {
             store,
             blocking,
             limits,
-            control,
+            binding,
+            authorities,
             watchers: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
             pushes: Mutex::new(Pushes::default()),
@@ -333,7 +317,7 @@ impl TaskService {
     /// Tells the bound control plane (as bound now) and contacts from
     /// strangers.
     fn priority(&self) -> impl Fn(&NodeId) -> bool + '_ {
-        let binding = self.control.binding();
+        let binding = self.binding.snapshot();
         move |who| binding.is_controller(who) || self.priority.get().is_some_and(|p| p(who))
     }
 
@@ -445,7 +429,7 @@ impl TaskService {
     /// submitter, or the node's bound control plane).
     pub(crate) fn visible(&self, id: &TaskId, who: &NodeId) -> Option<TaskRecord> {
         let record = lock(&self.published).get(id)?.record.clone();
-        let may = record.submitter == *who || self.control.binding().is_controller(who);
+        let may = record.submitter == *who || self.binding.snapshot().is_controller(who);
         may.then_some(record)
     }
 
@@ -461,7 +445,7 @@ impl TaskService {
         id: &TaskId,
         who: &NodeId,
     ) -> Result<Option<Arc<Authority>>, ErrorBody> {
-        let binding = self.control.binding();
+        let binding = self.binding.snapshot();
         let submitter = lock(&self.published)
             .get(id)
             .map(|e| e.record.submitter)
@@ -472,7 +456,7 @@ impl TaskService {
         if !binding.is_controller(who) {
             return Err(not_found());
         }
-        let held = self.control.authorities().hold(
+        let held = self.authorities.hold(
             *who,
             Basis::Binding {
                 epoch: binding.epoch(),
@@ -484,7 +468,7 @@ impl TaskService {
 
     /// Whether `who` may see every task (the bound control plane).
     pub(crate) fn sees_all(&self, who: &NodeId) -> bool {
-        self.control.binding().is_controller(who)
+        self.binding.snapshot().is_controller(who)
     }
 
     /// What subscribers of `id` wait on.
@@ -621,15 +605,19 @@ impl TaskService {
         rx.await.map_err(|_| internal("the task service stopped"))?
     }
 
-    /// The task figures of the node's stats.
-    pub(crate) fn read_into(&self, stats: &mut crate::stats::NodeStats) {
+    /// The node's tasks by state (every state, in order), the events
+    /// written and the pushes not delivered since the node started.
+    pub(crate) fn figures(&self) -> (Vec<(TaskState, usize)>, u64, u64) {
         let counts = lock(&self.published).counts();
-        stats.tasks = TaskState::ALL
+        let by_state = TaskState::ALL
             .iter()
             .map(|s| (*s, counts.get(s).copied().unwrap_or(0)))
             .collect();
-        stats.task_events = self.events_written.load(Ordering::Relaxed);
-        stats.task_pushes_dropped = self.pushes_dropped.load(Ordering::Relaxed);
+        (
+            by_state,
+            self.events_written.load(Ordering::Relaxed),
+            self.pushes_dropped.load(Ordering::Relaxed),
+        )
     }
 
     /// The state changes waiting for the control plane of binding
@@ -1023,7 +1011,7 @@ impl TaskService {
             }
         }
         drop(watchers);
-        let epoch = self.control.binding().epoch();
+        let epoch = self.binding.snapshot().epoch();
         let published = lock(&self.published);
         let mut pushes = lock(&self.pushes);
         let mut queued = false;
@@ -1087,7 +1075,7 @@ impl TaskService {
                 fits: None,
             },
         );
-        let task = crate::task::Task::new(id, me.clone(), cancel.clone(), resumed);
+        let task = task::Task::new(id, me.clone(), cancel.clone(), resumed);
         let future = start(task);
         let stopping = self.stopping.clone();
         self.runners.spawn(async move {
@@ -1114,7 +1102,7 @@ impl TaskService {
                 r = std::panic::AssertUnwindSafe(future).catch_unwind() => Some(match r {
                     Ok(r) => r,
                     Err(panic) => {
-                        let message = crate::dispatch::handler::panic_message(panic.as_ref());
+                        let message = crate::error::panic_message(panic.as_ref());
                         tracing::warn!(task = %id, %message, "a task's handler panicked");
                         Err(ErrorBody::new(ErrorCode::Internal, "the handler panicked"))
                     }
@@ -1206,8 +1194,7 @@ impl TaskService {
                     grant: false,
                 }) => {
                     let held = self
-                        .control
-                        .authorities()
+                        .authorities
                         .hold(record.submitter, Basis::Binding { epoch: *epoch });
                     held.check()
                         .map(|()| Some(held))

@@ -1,13 +1,16 @@
 //! Calling a peer: typed requests with deadlines and cancellation,
 //! fire-and-forget notifications, and streams.
 
+pub(crate) mod stream;
+pub(crate) mod task;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use capwire_envelope::{CloseCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{
     BindArgs, BindReply, CapRequirement, CapabilityManifest, Manifest, MonitoringBind,
-    NotificationVerb, RequestVerb, StreamVerb, TaskSubmitted, TaskVerb,
+    NotificationVerb, RequestVerb,
 };
 use tokio::time::Instant;
 
@@ -17,9 +20,8 @@ use crate::net::peers::Peers;
 use crate::net::session::Session;
 use crate::proto::codec;
 use crate::proto::session::{End, Reply};
-use crate::stream::ItemStream;
 use crate::tap::Way;
-use crate::task::TaskHandle;
+use crate::time::deadline_after;
 
 /// A handle to call one peer. Cheap to clone.
 ///
@@ -84,13 +86,6 @@ fn was_replaced(session: &Session) -> bool {
         session.lock().end_reason(),
         Some(End::Local(CloseCode::Replaced, _) | End::Peer(CloseCode::Replaced, _))
     )
-}
-
-/// `now + d`, or a far future when that does not fit.
-pub(crate) fn deadline_after(d: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(d)
-        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
 }
 
 impl Peer {
@@ -306,277 +301,6 @@ impl Peer {
             .notify_if(frame, deadline_at, still)
             .await
             .map_err(|e| self.lost_or(e))
-    }
-
-    /// Calls stream verb `V`: returns once the stream is open (its control
-    /// frame and first grant queued); its items then come on the
-    /// [`ItemStream`] as the handler produces them, within the window of
-    /// [`Limits::stream_window_items`](crate::Limits) and
-    /// [`stream_window_bytes`](crate::Limits) (see [`crate::stream`]).
-    /// The whole stream has no deadline of its own (the peer bounds it by
-    /// its `max_handler_time`); [`Limits::stream_idle_timeout`](crate::Limits)
-    /// bounds the wait for each item.
-    ///
-    /// # Errors
-    /// [`CallError::Unsupported`] when the peer speaks protocol 1 only
-    /// (nothing is sent); [`CallError::Unreachable`] without a session;
-    /// `Overloaded` when this session's streams hold all the window they
-    /// may; `Encode`, `TooLarge`. Errors of the stream itself (denied,
-    /// the handler's error, a lost session) come as the stream's last item.
-    ///
-    /// # Cancel safety
-    /// Dropped before it returns, the stream is not opened (or, once
-    /// queued, is cancelled). Dropping the [`ItemStream`] cancels it.
-    pub async fn stream<V: StreamVerb>(
-        &self,
-        _verb: V,
-        args: V::Args,
-    ) -> Result<ItemStream<V::Output>, CallError> {
-        self.stream_as::<V>(&args, None).await
-    }
-
-    /// As [`Peer::stream`], with a deadline for the whole stream: the
-    /// peer is given it as the stream's budget, and the stream ends with
-    /// [`CallError::Timeout`] when it passes.
-    ///
-    /// # Errors
-    /// As [`Peer::stream`].
-    ///
-    /// # Cancel safety
-    /// As [`Peer::stream`].
-    pub async fn stream_within<V: StreamVerb>(
-        &self,
-        _verb: V,
-        args: V::Args,
-        deadline: Duration,
-    ) -> Result<ItemStream<V::Output>, CallError> {
-        self.stream_as::<V>(&args, Some(deadline)).await
-    }
-
-    /// An untyped stream: any `cap` and `verb` text, args as raw CBOR,
-    /// each item as raw CBOR. For tools (and tests) that speak to stream
-    /// verbs they have no Rust type for; `deadline`, when given, bounds the
-    /// whole stream as in [`Peer::stream_within`].
-    ///
-    /// ```
-    /// use capwire::envelope::RawValue;
-    /// use capwire::manifest::verb;
-    /// use capwire::{Capability, HandlerError, Items, Node};
-    ///
-    /// verb! {
-    ///     /// Counts down to 1.
-    ///     struct Down: stream "app.count" / "down", Bootstrap, u32 => u32;
-    /// }
-    ///
-    /// async fn down(from: u32, mut items: Items<u32>) -> Result<(), HandlerError> {
-    ///     for n in (1..=from).rev() {
-    ///         items.send(n).await?;
-    ///     }
-    ///     Ok(())
-    /// }
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let server = Node::builder("counter")
-    ///     .listen("127.0.0.1:0".parse()?)
-    ///     .capability(Capability::new("app.count", "1.0.0")?.stream(Down, down))
-    ///     .start()
-    ///     .await?;
-    /// let client = Node::builder("client").start().await?;
-    /// let peer = client.connect(&server.local_addrs()[0], Some(server.id())).await?;
-    ///
-    /// let args = RawValue::encode(&3u32)?;
-    /// let mut items = peer.stream_raw("app.count", "down", &args, None).await?;
-    /// let mut got = Vec::new();
-    /// while let Some(item) = items.next().await {
-    ///     got.push(item?.decode::<u32>()?);
-    /// }
-    /// assert_eq!(got, [3, 2, 1]);
-    /// # client.shutdown().await;
-    /// # server.shutdown().await;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// As [`Peer::stream`]; a verb the peer does not have is refused
-    /// (`unknown_verb`) as the stream's last item. Nothing checks that the
-    /// verb is a stream: a request verb opened this way runs once and its
-    /// answer is dropped (the stream ends with no item), so look its kind
-    /// up in [`Peer::manifest`] first.
-    ///
-    /// # Cancel safety
-    /// As [`Peer::stream`].
-    pub async fn stream_raw(
-        &self,
-        cap: &str,
-        verb: &str,
-        args: &RawValue,
-        deadline: Option<Duration>,
-    ) -> Result<ItemStream<RawValue>, CallError> {
-        self.stream_with(deadline, |req_id, budget| {
-            codec::control(cap, verb, req_id, budget, args)
-        })
-        .await
-    }
-
-    /// Submits task verb `V` (see [`crate::task`]): returns once the peer
-    /// has written the task, with its handle; the task then runs on the
-    /// peer whatever becomes of this session or this node. Within the
-    /// node's default deadline.
-    ///
-    /// # Errors
-    /// [`CallError::Unsupported`] when the peer speaks protocol 1 only
-    /// (nothing is sent); `Overloaded` when the peer keeps as many tasks
-    /// as it may (in all, or for this node); otherwise as
-    /// [`Peer::request`].
-    ///
-    /// # Cancel safety
-    /// As [`Peer::request`]: dropped after the request was sent, the task
-    /// may exist without this node knowing its id (it is in
-    /// `core.tasks/list`); [`Peer::submit_with_id`] finds it again.
-    pub async fn submit<V: TaskVerb>(
-        &self,
-        _verb: V,
-        args: V::Args,
-    ) -> Result<TaskHandle<V::Output>, CallError> {
-        self.submit_as::<V>(&args, None, self.default_deadline)
-            .await
-    }
-
-    /// As [`Peer::submit`], with a `req_id` of the caller's choosing and
-    /// its own deadline: the peer keys tasks on (this node, `req_id`) for
-    /// as long as it keeps them, so a submit sent again (after a timeout,
-    /// or this node's restart) gets the same task, not a second one.
-    ///
-    /// # Errors
-    /// As [`Peer::submit`] and [`Peer::request_with_id`].
-    ///
-    /// # Cancel safety
-    /// As [`Peer::submit`].
-    pub async fn submit_with_id<V: TaskVerb>(
-        &self,
-        _verb: V,
-        args: V::Args,
-        req_id: &ReqId,
-        deadline: Duration,
-    ) -> Result<TaskHandle<V::Output>, CallError> {
-        if req_id.is_fire_and_forget() {
-            return Err(CallError::Encode("a task needs a non-empty req_id".into()));
-        }
-        self.submit_as::<V>(&args, Some(req_id.clone()), deadline)
-            .await
-    }
-
-    /// Submits a task verb given by name, its args as raw CBOR (see
-    /// [`Peer::submit`]); the handle's result is raw CBOR too. With
-    /// `req_id`, safe to send again (see [`Peer::submit_with_id`]).
-    ///
-    /// # Errors
-    /// As [`Peer::submit`]; a verb that is not a task verb is refused with
-    /// [`CallError::BadResult`] (its answer is not a task's id; a request
-    /// verb has then run once).
-    ///
-    /// # Cancel safety
-    /// As [`Peer::submit`].
-    pub async fn submit_raw(
-        &self,
-        cap: &str,
-        verb: &str,
-        args: &RawValue,
-        req_id: Option<&ReqId>,
-        deadline: Duration,
-    ) -> Result<TaskHandle<RawValue>, CallError> {
-        let session = self.session(deadline_after(deadline)).await?;
-        if session.lock().version() < capwire_envelope::PROTOCOL_V2 {
-            return Err(CallError::Unsupported(
-                "the peer speaks protocol 1, which has no tasks".to_owned(),
-            ));
-        }
-        let answer = match req_id {
-            Some(id) => self.call_raw_with_id(cap, verb, args, id, deadline).await?,
-            None => self.call_raw(cap, verb, args, deadline).await?,
-        };
-        let submitted = answer
-            .decode::<TaskSubmitted>()
-            .map_err(|e| CallError::BadResult(e.to_string()))?;
-        Ok(TaskHandle::new(self.clone(), submitted.task))
-    }
-
-    /// A handle to the task `id` on this peer, known from an earlier
-    /// submit, a list or a push: nothing is sent until it is used. `T` is
-    /// its verb's result type.
-    pub fn task<T: serde::de::DeserializeOwned>(&self, id: impl Into<String>) -> TaskHandle<T> {
-        TaskHandle::new(self.clone(), id.into())
-    }
-
-    async fn submit_as<V: TaskVerb>(
-        &self,
-        args: &V::Args,
-        req_id: Option<ReqId>,
-        deadline: Duration,
-    ) -> Result<TaskHandle<V::Output>, CallError> {
-        let session = self.session(deadline_after(deadline)).await?;
-        if session.lock().version() < capwire_envelope::PROTOCOL_V2 {
-            return Err(CallError::Unsupported(
-                "the peer speaks protocol 1, which has no tasks".to_owned(),
-            ));
-        }
-        let answer = self
-            .call_as(req_id, deadline, |req_id, budget| {
-                codec::control_of(V::CAP, V::VERB, req_id, Some(budget), args)
-            })
-            .await?;
-        let submitted = answer
-            .decode::<TaskSubmitted>()
-            .map_err(|e| CallError::BadResult(e.to_string()))?;
-        Ok(TaskHandle::new(self.clone(), submitted.task))
-    }
-
-    async fn stream_as<V: StreamVerb>(
-        &self,
-        args: &V::Args,
-        deadline: Option<Duration>,
-    ) -> Result<ItemStream<V::Output>, CallError> {
-        self.stream_with(deadline, |req_id, budget| {
-            codec::control_of(V::CAP, V::VERB, req_id, budget, args)
-        })
-        .await
-    }
-
-    /// Opens a stream whose control frame `encode` builds from its req_id
-    /// and budget.
-    async fn stream_with<T: serde::de::DeserializeOwned>(
-        &self,
-        deadline: Option<Duration>,
-        encode: impl FnOnce(&ReqId, Option<u64>) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
-    ) -> Result<ItemStream<T>, CallError> {
-        let defaults = self.peers.stream_defaults();
-        let deadline_at = deadline.map(deadline_after);
-        let open_by = deadline_at.unwrap_or_else(|| deadline_after(self.default_deadline));
-        let session = self.session(open_by).await?;
-        if session.lock().version() < capwire_envelope::PROTOCOL_V2 {
-            return Err(CallError::Unsupported(
-                "the peer speaks protocol 1, which has no streams".to_owned(),
-            ));
-        }
-        let req_id = self.peers.next_req_id();
-        let budget = deadline_at.map(|d| {
-            u64::try_from(d.saturating_duration_since(Instant::now()).as_millis())
-                .unwrap_or(u64::MAX)
-        });
-        let frame = encode(&req_id, budget).map_err(|e| CallError::Encode(e.to_string()))?;
-        self.peers.tap().record(Way::Out, &self.id, &frame, None);
-        let sink = session
-            .open_stream(req_id.clone(), frame, defaults.window, open_by)
-            .await
-            .map_err(|e| self.lost_or(e))?;
-        Ok(ItemStream::new(
-            sink,
-            session,
-            req_id,
-            deadline_at,
-            defaults.idle,
-        ))
     }
 
     async fn session(&self, deadline: Instant) -> Result<Arc<Session>, CallError> {
