@@ -66,6 +66,12 @@ use tokio::runtime::Handle;
 #[path = "support/runtimes.rs"]
 mod runtimes;
 use runtimes::{Hosts, RtThread, run_on};
+#[path = "support/figures.rs"]
+mod figures;
+use figures::{median, verdict};
+#[path = "support/opts.rs"]
+mod opts;
+use opts::{Opts, list, wanted};
 
 verb! { /** Echo, for the control plane and the holders of a grant. */
 pub struct Guarded: request "app.bench" / "guarded", Controller, String => String; }
@@ -88,50 +94,6 @@ const CAP: &str = "app.bench";
 const VERB: &str = "guarded";
 /// Token sizes measured, in blocks.
 const BLOCKS: [usize; 3] = [1, 3, 8];
-
-// ---------------------------------------------------------------------------
-// Options
-
-fn list(var: &str) -> Option<Vec<String>> {
-    std::env::var(var)
-        .ok()
-        .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
-}
-
-fn wanted(filter: &Option<Vec<String>>, name: &str) -> bool {
-    filter.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
-}
-
-struct Opts {
-    quick: bool,
-    runs: usize,
-    n: Option<u64>,
-    sections: Option<Vec<String>>,
-    placements: Option<Vec<String>>,
-    callers: Option<Vec<String>>,
-}
-
-impl Opts {
-    fn from_env() -> Self {
-        let quick = std::env::args().any(|a| a == "--quick" || a == "--test")
-            || std::env::var("CAPWIRE_BENCH_QUICK").is_ok_and(|v| v != "0");
-        let num = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
-        Self {
-            quick,
-            runs: num("CAPWIRE_BENCH_RUNS").map_or(if quick { 1 } else { 5 }, |r| {
-                usize::try_from(r.max(1)).unwrap()
-            }),
-            n: num("CAPWIRE_BENCH_N"),
-            sections: list("CAPWIRE_BENCH_ONLY"),
-            placements: list("CAPWIRE_BENCH_PLACEMENT"),
-            callers: list("CAPWIRE_BENCH_CALLER"),
-        }
-    }
-
-    fn count(&self, full: u64, quick: u64) -> u64 {
-        self.n.unwrap_or(if self.quick { quick } else { full })
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Where the nodes run
@@ -413,11 +375,6 @@ impl Cluster {
 // ---------------------------------------------------------------------------
 // Figures
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// The `q` quantile of `v` (unsorted), in the same unit; NaN for none.
 fn quantile(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
@@ -430,10 +387,6 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "missed" }
 }
 
 /// The three callers of the `call` section.
@@ -523,7 +476,7 @@ fn call_section(opts: &Opts, p: &Placement, c: &Cluster) {
     let mut lat: [Vec<f64>; 3] = Default::default();
     for _ in 0..rounds {
         for (i, &caller) in CALLERS.iter().enumerate() {
-            if !wanted(&opts.callers, caller.name()) {
+            if !wanted(&list("CAPWIRE_BENCH_CALLER"), caller.name()) {
                 continue;
             }
             let (peer, h) = caller.peer_and_handle(c, p);
@@ -561,7 +514,7 @@ fn call_section(opts: &Opts, p: &Placement, c: &Cluster) {
     let mut best = [f64::NAN; 3];
     for _ in 0..opts.runs {
         for (i, &caller) in CALLERS.iter().enumerate() {
-            if !wanted(&opts.callers, caller.name()) {
+            if !wanted(&list("CAPWIRE_BENCH_CALLER"), caller.name()) {
                 continue;
             }
             let (peer, h) = caller.peer_and_handle(c, p);

@@ -59,7 +59,13 @@ use tokio::sync::{Notify, oneshot};
 
 #[path = "support/runtimes.rs"]
 mod runtimes;
-use runtimes::{Hosts, RtThread, run_on};
+use runtimes::{Placement, run_on};
+#[path = "support/figures.rs"]
+mod figures;
+use figures::ratio;
+#[path = "support/opts.rs"]
+mod opts;
+use opts::{Opts, list, wanted};
 #[path = "support/calls.rs"]
 mod calls;
 use calls::{per_op_us, rate_k};
@@ -74,116 +80,25 @@ verb! { /** A counter tick. */ pub struct Tick: notification "app.bench" / "tick
 const PAYLOAD: usize = 64;
 const WINDOW: usize = 128;
 
-// ---------------------------------------------------------------------------
-// Options
-
-fn list(var: &str) -> Option<Vec<String>> {
-    std::env::var(var)
-        .ok()
-        .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
+/// Messages per run of a section: (full, quick).
+fn count(opts: &Opts, which: Which) -> u64 {
+    let (full, quick) = match which {
+        Which::Rtt => (20_000, 500),
+        Which::Pipe => (300_000, 5_000),
+        Which::Faf | Which::Tick => (1_000_000, 20_000),
+        Which::Connect => (300, 20),
+    };
+    opts.count(full, quick)
 }
 
-fn wanted(filter: &Option<Vec<String>>, name: &str) -> bool {
-    filter.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
-}
-
-struct Opts {
-    quick: bool,
-    runs: usize,
-    n: Option<u64>,
-    sections: Option<Vec<String>>,
-    placements: Option<Vec<String>>,
-    stacks: Option<Vec<String>>,
-    shared_current: bool,
-}
-
-impl Opts {
-    fn from_env() -> Self {
-        let quick = std::env::args().any(|a| a == "--quick" || a == "--test")
-            || std::env::var("CAPWIRE_BENCH_QUICK").is_ok_and(|v| v != "0");
-        let num = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
-        Self {
-            quick,
-            runs: num("CAPWIRE_BENCH_RUNS").map_or(if quick { 1 } else { 3 }, |r| {
-                usize::try_from(r.max(1)).unwrap()
-            }),
-            n: num("CAPWIRE_BENCH_N"),
-            sections: list("CAPWIRE_BENCH_ONLY"),
-            placements: list("CAPWIRE_BENCH_PLACEMENT"),
-            stacks: list("CAPWIRE_BENCH_STACK"),
-            shared_current: std::env::var("CAPWIRE_BENCH_RT").as_deref() == Ok("current"),
-        }
-    }
-
-    fn count(&self, which: Which) -> u64 {
-        let (full, quick) = match which {
-            Which::Rtt => (20_000, 500),
-            Which::Pipe => (300_000, 5_000),
-            Which::Faf | Which::Tick => (1_000_000, 20_000),
-            Which::Connect => (300, 20),
-        };
-        self.n.unwrap_or(if self.quick { quick } else { full })
-    }
+/// `CAPWIRE_BENCH_RT=current`: the shared placement on one current-thread
+/// runtime.
+fn shared_current() -> bool {
+    std::env::var("CAPWIRE_BENCH_RT").as_deref() == Ok("current")
 }
 
 // ---------------------------------------------------------------------------
 // Where the two ends run
-
-/// The runtimes the server end and the client end run on.
-struct Placement {
-    name: &'static str,
-    server: Handle,
-    client: Handle,
-    hosts: Option<Hosts>,
-}
-
-impl Placement {
-    fn shared(current: bool) -> Self {
-        if current {
-            let t = RtThread::start("bench-shared");
-            let h = t.handle.clone();
-            return Self {
-                name: "shared",
-                server: h.clone(),
-                client: h,
-                hosts: Some(Hosts::Threads(vec![t])),
-            };
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let h = rt.handle().clone();
-        Self {
-            name: "shared",
-            server: h.clone(),
-            client: h,
-            hosts: Some(Hosts::Workers(rt)),
-        }
-    }
-
-    fn split() -> Self {
-        let server = RtThread::start("bench-server");
-        let client = RtThread::start("bench-client");
-        Self {
-            name: "split",
-            server: server.handle.clone(),
-            client: client.handle.clone(),
-            hosts: Some(Hosts::Threads(vec![client, server])),
-        }
-    }
-}
-
-impl Drop for Placement {
-    fn drop(&mut self) {
-        match self.hosts.take() {
-            Some(Hosts::Workers(rt)) => rt.shutdown_timeout(Duration::from_secs(1)),
-            Some(Hosts::Threads(threads)) => drop(threads),
-            None => {}
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Baselines: raw TCP and snow, both with 2-byte length prefixes
@@ -613,20 +528,13 @@ fn fmt_figure(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
 }
 
-fn fmt_ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) => format!("{:.2}x", a / b),
-        _ => "-".into(),
-    }
-}
-
 /// Best of `opts.runs` interleaved runs of each stack; prints one row.
 fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
-    let n = opts.count(which);
+    let n = count(opts, which);
     let mut best: [Option<f64>; 4] = [None; 4];
     for _ in 0..opts.runs {
         for (i, &stack) in which.stacks().iter().enumerate() {
-            if !wanted(&opts.stacks, stack.name()) {
+            if !wanted(&list("CAPWIRE_BENCH_STACK"), stack.name()) {
                 continue;
             }
             let v = match stack {
@@ -670,9 +578,9 @@ fn measure(opts: &Opts, p: &Placement, pair: &CapwirePair, which: Which) {
         fmt_figure(r),
         fmt_figure(t),
         which.unit(),
-        fmt_ratio(c, s),
-        fmt_ratio(c, r),
-        fmt_ratio(c, t),
+        ratio(c, s),
+        ratio(c, r),
+        ratio(c, t),
     );
 }
 
@@ -686,7 +594,7 @@ fn main() {
     );
     println!(
         "  shared: both ends on one {}",
-        if opts.shared_current {
+        if shared_current() {
             "current-thread tokio runtime"
         } else {
             "2-worker tokio runtime"
@@ -702,7 +610,7 @@ fn main() {
     );
     let mut placements = Vec::new();
     if wanted(&opts.placements, "shared") {
-        placements.push(Placement::shared(opts.shared_current));
+        placements.push(Placement::shared(shared_current()));
     }
     if wanted(&opts.placements, "split") {
         placements.push(Placement::split());

@@ -66,12 +66,17 @@ use capwire::manifest::{TaskEventKind, TaskState, verb};
 use capwire::{Capability, HandlerError, Items, Limits, Node, Peer, Task, TaskHandle};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::runtime::Handle;
 use tokio::sync::{Barrier, watch};
 
 #[path = "support/runtimes.rs"]
 mod runtimes;
-use runtimes::{Hosts, RtThread, run_on};
+use runtimes::{Placement, run_on};
+#[path = "support/figures.rs"]
+mod figures;
+use figures::{fig, keep_best, median, rate, ratio};
+#[path = "support/opts.rs"]
+mod opts;
+use opts::{Opts, list, wanted};
 
 // ---------------------------------------------------------------------------
 // Verbs
@@ -156,98 +161,7 @@ fn capability() -> Capability {
 }
 
 // ---------------------------------------------------------------------------
-// Options
-
-fn list(var: &str) -> Option<Vec<String>> {
-    std::env::var(var)
-        .ok()
-        .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
-}
-
-fn wanted(filter: &Option<Vec<String>>, name: &str) -> bool {
-    filter.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
-}
-
-struct Opts {
-    quick: bool,
-    runs: usize,
-    n: Option<u64>,
-    sections: Option<Vec<String>>,
-    placements: Option<Vec<String>>,
-    stores: Option<Vec<String>>,
-}
-
-impl Opts {
-    fn from_env() -> Self {
-        let quick = std::env::args().any(|a| a == "--quick" || a == "--test")
-            || std::env::var("CAPWIRE_BENCH_QUICK").is_ok_and(|v| v != "0");
-        let num = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
-        Self {
-            quick,
-            runs: num("CAPWIRE_BENCH_RUNS").map_or(if quick { 1 } else { 3 }, |r| {
-                usize::try_from(r.max(1)).unwrap()
-            }),
-            n: num("CAPWIRE_BENCH_N"),
-            sections: list("CAPWIRE_BENCH_ONLY"),
-            placements: list("CAPWIRE_BENCH_PLACEMENT"),
-            stores: list("CAPWIRE_BENCH_STORE"),
-        }
-    }
-
-    /// Counts per run: (full, quick).
-    fn count(&self, full: u64, quick: u64) -> u64 {
-        self.n.unwrap_or(if self.quick { quick } else { full })
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Where the two ends run
-
-/// The runtimes the server end and the client end run on.
-struct Placement {
-    name: &'static str,
-    server: Handle,
-    client: Handle,
-    hosts: Option<Hosts>,
-}
-
-impl Placement {
-    fn shared() -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let h = rt.handle().clone();
-        Self {
-            name: "shared",
-            server: h.clone(),
-            client: h,
-            hosts: Some(Hosts::Workers(rt)),
-        }
-    }
-
-    fn split() -> Self {
-        let server = RtThread::start("bench-server");
-        let client = RtThread::start("bench-client");
-        Self {
-            name: "split",
-            server: server.handle.clone(),
-            client: client.handle.clone(),
-            hosts: Some(Hosts::Threads(vec![client, server])),
-        }
-    }
-}
-
-impl Drop for Placement {
-    fn drop(&mut self) {
-        match self.hosts.take() {
-            Some(Hosts::Workers(rt)) => rt.shutdown_timeout(Duration::from_secs(1)),
-            Some(Hosts::Threads(threads)) => drop(threads),
-            None => {}
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Nodes
@@ -362,34 +276,6 @@ fn tasks_in(node: &Node, state: TaskState) -> usize {
 
 fn us(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e6
-}
-
-fn rate(count: u64, t: Duration) -> f64 {
-    count as f64 / t.as_secs_f64()
-}
-
-fn keep_best(best: &mut Option<f64>, v: f64, higher_is_better: bool) {
-    *best = Some(match *best {
-        None => v,
-        Some(b) if higher_is_better => b.max(v),
-        Some(b) => b.min(v),
-    });
-}
-
-fn fig(v: Option<f64>, scale: f64) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{:.1}", v / scale))
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) => format!("{:.2}x", a / b),
-        _ => "-".into(),
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The `p`-quantile of sorted samples.
@@ -876,14 +762,14 @@ fn main() {
     let section = |name: &str| wanted(&opts.sections, name);
     let mut placements = Vec::new();
     if wanted(&opts.placements, "shared") {
-        placements.push(Placement::shared());
+        placements.push(Placement::shared(false));
     }
     if wanted(&opts.placements, "split") {
         placements.push(Placement::split());
     }
     let stores: Vec<StoreKind> = [StoreKind::Memory, StoreKind::Redb]
         .into_iter()
-        .filter(|s| wanted(&opts.stores, s.name()))
+        .filter(|s| wanted(&list("CAPWIRE_BENCH_STORE"), s.name()))
         .collect();
     if section("latency") {
         println!(

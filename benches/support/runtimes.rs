@@ -66,3 +66,63 @@ where
 {
     h.block_on(h.spawn(f)).expect("benchmark task failed")
 }
+
+/// The runtimes the server end and the client end of a bench run on.
+pub(crate) struct Placement {
+    pub(crate) name: &'static str,
+    pub(crate) server: Handle,
+    pub(crate) client: Handle,
+    hosts: Option<Hosts>,
+}
+
+impl Placement {
+    /// Both ends on one 2-worker runtime (`current`: on one
+    /// current-thread runtime instead).
+    pub(crate) fn shared(current: bool) -> Self {
+        if current {
+            let t = RtThread::start("bench-shared");
+            let h = t.handle.clone();
+            return Self {
+                name: "shared",
+                server: h.clone(),
+                client: h,
+                hosts: Some(Hosts::Threads(vec![t])),
+            };
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let h = rt.handle().clone();
+        Self {
+            name: "shared",
+            server: h.clone(),
+            client: h,
+            hosts: Some(Hosts::Workers(rt)),
+        }
+    }
+
+    /// Each end on a current-thread runtime of its own OS thread, as two
+    /// processes would be.
+    pub(crate) fn split() -> Self {
+        let server = RtThread::start("bench-server");
+        let client = RtThread::start("bench-client");
+        Self {
+            name: "split",
+            server: server.handle.clone(),
+            client: client.handle.clone(),
+            hosts: Some(Hosts::Threads(vec![client, server])),
+        }
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        match self.hosts.take() {
+            Some(Hosts::Workers(rt)) => rt.shutdown_timeout(std::time::Duration::from_secs(1)),
+            Some(Hosts::Threads(threads)) => drop(threads),
+            None => {}
+        }
+    }
+}
