@@ -42,6 +42,11 @@ use crate::host::pipe::{
 use crate::host::{ChildInfo, ChildRun, ChildSpec, HostError, HostEvent};
 use crate::invite::Invite;
 
+/// The image the container hosts run unless told otherwise.
+pub const DEFAULT_TAG: &str = "capwire:latest";
+/// The user a child runs as (`uid:gid`).
+pub const CHILD_USER: &str = "10001:10001";
+
 /// Label: the parent's key (hex).
 pub(crate) const LABEL_PARENT: &str = "capwire.parent";
 /// Label: the child id.
@@ -122,7 +127,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             socket: None,
-            image: crate::host::image::DEFAULT_TAG.to_owned(),
+            image: DEFAULT_TAG.to_owned(),
             defaults: Placement {
                 memory: Some(256 * 1024 * 1024),
                 cpus_milli: Some(1000),
@@ -133,7 +138,7 @@ impl Default for EngineConfig {
             network: Network::default(),
             args: Vec::new(),
             prefix: "capwire".to_owned(),
-            user: crate::host::image::CHILD_USER.to_owned(),
+            user: CHILD_USER.to_owned(),
             ready_timeout: Duration::from_secs(30),
         }
     }

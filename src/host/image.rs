@@ -40,10 +40,7 @@ use futures_util::StreamExt;
 use crate::host::HostError;
 use crate::host::engine::{connect, engine_error, status_of};
 
-/// The image the container hosts run unless told otherwise.
-pub const DEFAULT_TAG: &str = "capwire:latest";
-/// The user a child runs as (`uid:gid`).
-pub const CHILD_USER: &str = "10001:10001";
+pub use crate::host::engine::{CHILD_USER, DEFAULT_TAG};
 /// Label: which binary the image was built from (its size and mtime),
 /// so that a build of the same binary is skipped.
 pub const LABEL_BINARY: &str = "capwire.binary";
