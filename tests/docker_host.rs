@@ -614,9 +614,19 @@ async fn removing_a_child_whose_container_is_gone_succeeds() {
     cp.shutdown().await;
 }
 
+/// A process killed when dropped, whatever the test did.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A `capwire node --host docker` process with its state in `dir`; its
-/// node id and invite.
-fn spawn_parent(dir: &std::path::Path) -> (std::process::Child, String, Option<String>) {
+/// node id, first address and invite.
+fn spawn_parent(dir: &std::path::Path) -> (Proc, String, String, Option<String>) {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_capwire"))
         .args([
@@ -639,8 +649,9 @@ fn spawn_parent(dir: &std::path::Path) -> (std::process::Child, String, Option<S
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(&line).unwrap();
     (
-        child,
+        Proc(child),
         v["node_id"].as_str().unwrap().to_owned(),
+        v["addrs"][0].as_str().unwrap().to_owned(),
         v["invite"].as_str().map(str::to_owned),
     )
 }
@@ -652,7 +663,7 @@ async fn a_parent_killed_and_restarted_adopts_its_containers() {
     }
     image();
     let dir = tempfile::tempdir().unwrap();
-    let (mut proc, id, invite) = spawn_parent(dir.path());
+    let (proc, id, _, invite) = spawn_parent(dir.path());
     let parent_id = NodeId::try_from(id.as_str()).unwrap();
     let cleanup = Cleanup::new(parent_id);
     let cp = Node::builder("cp")
@@ -662,7 +673,6 @@ async fn a_parent_killed_and_restarted_adopts_its_containers() {
         .unwrap();
     let invite: Invite = invite.unwrap().parse().unwrap();
     let (peer, _) = cp.connect_invite(&invite).await.unwrap();
-    eprintln!("bound the parent");
     let mut made = Vec::new();
     for name in ["a", "b"] {
         made.push(
@@ -689,14 +699,13 @@ async fn a_parent_killed_and_restarted_adopts_its_containers() {
     .unwrap();
 
     // kill -9: the containers run on.
-    proc.kill().unwrap();
-    proc.wait().unwrap();
-    let (mut proc, again, _) = spawn_parent(dir.path());
+    drop(proc);
+    let (proc, again, addr, _) = spawn_parent(dir.path());
     assert_eq!(again, id);
-    let (peer, _) = cp
-        .connect_invite(&invite)
+    let peer = cp
+        .connect(&addr.parse().unwrap(), Some(parent_id))
         .await
-        .unwrap_or_else(|_| panic!("the restarted parent is reached"));
+        .expect("the restarted parent is reached");
     // The same containers, adopted: none made twice, the orphan gone.
     eventually("the orphan is removed", 30, async || {
         docker(&[
@@ -728,8 +737,7 @@ async fn a_parent_killed_and_restarted_adopts_its_containers() {
         child.request(AgentEcho, "hi".into()).await.unwrap(),
         "a: hi"
     );
-    proc.kill().unwrap();
-    proc.wait().unwrap();
+    drop(proc);
     cp.shutdown().await;
     drop(cleanup);
 }

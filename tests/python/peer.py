@@ -340,8 +340,9 @@ CORE = {
     "core.configuration": ("1.0.0", {"get_config": ("request", "controller"),
                                      "set_config": ("request", "controller")}),
     "core.connect": ("1.0.0", {"introduce": ("request", "controller")}),
-    "core.cluster": ("1.0.0", {**{v: ("request", "controller") for v in (
-        "contact", "create", "introduce", "list", "remove", "set_bio", "set_monitoring", "set_persona")},
+    "core.cluster": ("1.1.0", {**{v: ("request", "controller") for v in (
+        "contact", "create", "create_placed", "introduce", "list", "remove", "set_bio", "set_monitoring",
+        "set_persona", "states")},
         "roster": ("notification", "bootstrap")}),
 }
 
