@@ -59,7 +59,7 @@ type Replies = Option<HashMap<u64, oneshot::Sender<Value>>>;
 pub(crate) struct Proc {
     pub(crate) info: ChildInfo,
     pub(crate) stdin: tokio::sync::Mutex<Option<Writer>>,
-    replies: Mutex<Replies>,
+    pub(crate) replies: Mutex<Replies>,
     next: AtomicU64,
     /// Set when the parent stops it (its exit is then no event).
     pub(crate) stopping: AtomicBool,

@@ -37,7 +37,7 @@ enum Command {
     Keygen(keygen::KeygenArgs),
     /// Runs a node until Ctrl-C or SIGTERM (or, supervised, until its
     /// input closes).
-    Node(node::NodeArgs),
+    Node(Box<node::NodeArgs>),
     /// The control plane: bind nodes, call their verbs, run their
     /// clusters, watch them.
     Ctl(ctl::CtlArgs),
@@ -95,7 +95,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Keygen(args) => keygen::run(&args),
-            Command::Node(args) => node::run(args).await,
+            Command::Node(args) => node::run(*args).await,
             Command::Ctl(args) => ctl::run(args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Mcp(args) => mcp::run(args).await,
