@@ -1,7 +1,6 @@
 //! The pipe protocol's parent side, over any byte pipe: a child process's
-//! standard input and output ([`ProcessHost`](super::ProcessHost)) or a
-//! container's, attached through the engine's API
-//! ([`DockerHost`](super::DockerHost)). The protocol itself is described
+//! standard input and output (the process host) or a container's,
+//! attached through the engine's API (the container hosts). The protocol itself is described
 //! in the process host's documentation; a parent attached to a child
 //! that already runs asks it `{"id":N,"op":"ready"}`, answered with the
 //! ready line's `node_id`, `addrs` and `caps` in the reply, followed by
