@@ -750,12 +750,26 @@ impl Ctx {
                 let roster = self.roster(parent, session, timeout).await?;
                 emit(out, roster_json(&parent.name, &roster)).await
             }
-            ClusterOp::Create { name, bio } => {
+            ClusterOp::Create {
+                name,
+                bio,
+                placement,
+            } => {
                 let mut args = json!({"name": name});
                 if let Some(bio) = bio {
                     args["bio"] = json!(bio);
                 }
-                let member = call("create", args).await?;
+                // A placement goes to core.cluster 1.1's create_placed; a
+                // plain create stays what every version takes.
+                let placement = placement.placement();
+                let verb = if placement.is_empty() {
+                    "create"
+                } else {
+                    args["placement"] = serde_json::to_value(&placement)
+                        .map_err(|e| Failure::failed(e.to_string()))?;
+                    "create_placed"
+                };
+                let member = call(verb, args).await?;
                 emit(out, tagged("member", &parent.name, member)).await
             }
             ClusterOp::Remove { child } => {

@@ -423,6 +423,11 @@ pub(crate) enum ClusterOp {
         /// A short description.
         #[arg(long)]
         bio: Option<String>,
+        /// Where and how it runs, for a parent whose children are
+        /// containers or Swarm services (`capwire node --host
+        /// docker|swarm`).
+        #[command(flatten)]
+        placement: crate::engine::PlacementArgs,
     },
     /// Stops and forgets a child (an absent child is already removed).
     Remove {
