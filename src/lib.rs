@@ -183,6 +183,7 @@ mod invite;
 pub mod json;
 mod net;
 mod node;
+#[cfg(feature = "prometheus")]
 pub mod prometheus;
 mod proto;
 mod stats;
