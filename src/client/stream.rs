@@ -15,6 +15,7 @@ use futures_util::Stream;
 use serde::de::DeserializeOwned;
 use tokio::time::{Instant, Sleep};
 
+use crate::client::Peer;
 use crate::error::CallError;
 use crate::net::session::Session;
 use crate::net::streams::{Next, StreamSink};
@@ -156,7 +157,7 @@ impl<T> Drop for ItemStream<T> {
     }
 }
 
-impl crate::Peer {
+impl Peer {
     /// Calls stream verb `V`: returns once the stream is open (its control
     /// frame and first grant queued); its items then come on the
     /// [`ItemStream`] as the handler produces them, within the window of

@@ -12,6 +12,7 @@ use capwire_manifest::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::client::Peer;
 use crate::client::stream::ItemStream;
 use crate::error::CallError;
 use crate::proto::codec;
@@ -288,7 +289,7 @@ impl TaskEvents {
     }
 }
 
-impl crate::Peer {
+impl Peer {
     /// Submits task verb `V` (see [`crate::task`]): returns once the peer
     /// has written the task, with its handle; the task then runs on the
     /// peer whatever becomes of this session or this node. Within the

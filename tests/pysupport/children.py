@@ -26,7 +26,7 @@ def capwire_bin_path() -> Path:
     if not path.is_file() or not os.access(path, os.X_OK):
         pytest.fail(
             f"the capwire binary is missing: {path} is not an executable file. "
-            "Build it (`cargo build --bin capwire` at the repository root) or point "
+            "Build it (`cargo build --features cli --bin capwire` at the repository root) or point "
             "CAPWIRE_BIN at one.",
             pytrace=False,
         )
