@@ -41,6 +41,19 @@ pub trait Handler<V: VerbDef, M>: Clone + Send + Sync + 'static {
     /// Runs the handler: extracts what it needs from `cx` and starts it.
     fn call(&self, args: V::Args, cx: &mut Context) -> BoxFuture<Result<V::Output, HandlerError>>;
 
+    /// As [`call`](Handler::call), with the result encoded for the wire
+    /// (`null` for a notification, whose outcome nobody is told), in one
+    /// boxed future: what the runtime runs.
+    #[doc(hidden)]
+    fn call_encoded(
+        &self,
+        args: V::Args,
+        cx: &mut Context,
+    ) -> BoxFuture<Result<RawValue, HandlerError>> {
+        let fut = self.call(args, cx);
+        Box::pin(async move { encode_output::<V>(&fut.await?) })
+    }
+
     /// Checks, when the node is built, that `cx` will give every extractor
     /// what it needs (for example the state behind a [`State<T>`](crate::State)).
     ///
@@ -59,9 +72,32 @@ where
         Box::pin((self)(args))
     }
 
+    fn call_encoded(
+        &self,
+        args: V::Args,
+        _cx: &mut Context,
+    ) -> BoxFuture<Result<RawValue, HandlerError>> {
+        let fut = (self)(args);
+        Box::pin(async move { encode_output::<V>(&fut.await?) })
+    }
+
     fn check(_extensions: &Extensions) -> Result<(), String> {
         Ok(())
     }
+}
+
+/// A handler's result as the wire carries it: `null` for a notification
+/// (nobody is told its outcome), else the result encoded.
+fn encode_output<V: VerbDef>(out: &V::Output) -> Result<RawValue, HandlerError> {
+    if V::KIND == capwire_manifest::VerbKind::Notification {
+        return Ok(RawValue::null());
+    }
+    RawValue::encode(out).map_err(|e| {
+        HandlerError::new(
+            ErrorCode::Internal,
+            format!("result could not be encoded: {e}"),
+        )
+    })
 }
 
 macro_rules! impl_handler {
@@ -80,6 +116,20 @@ macro_rules! impl_handler {
                     Err(e) => return Box::pin(async move { Err(e) }),
                 };)+
                 Box::pin((self)(args, $($e),+))
+            }
+
+            #[allow(non_snake_case)]
+            fn call_encoded(
+                &self,
+                args: V::Args,
+                cx: &mut Context,
+            ) -> BoxFuture<Result<RawValue, HandlerError>> {
+                $(let $e = match $e::from_context(cx) {
+                    Ok(v) => v,
+                    Err(e) => return Box::pin(async move { Err(e) }),
+                };)+
+                let fut = (self)(args, $($e),+);
+                Box::pin(async move { encode_output::<V>(&fut.await?) })
             }
 
             fn check(extensions: &Extensions) -> Result<(), String> {
@@ -355,20 +405,7 @@ where
         cx: &mut Context,
     ) -> Result<BoxFuture<Result<RawValue, HandlerError>>, DecodeError> {
         let args: V::Args = args.decode()?;
-        let fut = self.handler.call(args, cx);
-        Ok(Box::pin(async move {
-            let out = fut.await?;
-            if V::KIND == capwire_manifest::VerbKind::Notification {
-                // Nobody is told a notification's outcome.
-                return Ok(RawValue::null());
-            }
-            RawValue::encode(&out).map_err(|e| {
-                HandlerError::new(
-                    ErrorCode::Internal,
-                    format!("result could not be encoded: {e}"),
-                )
-            })
-        }))
+        Ok(self.handler.call_encoded(args, cx))
     }
 
     fn check(&self, extensions: &Extensions) -> Result<(), String> {
