@@ -34,9 +34,9 @@ async fn note(_text: String, State(seen): State<Arc<AtomicU64>>) -> Result<(), H
 
 /// Allocations per request/response round trip (both nodes, the caller's
 /// args and the handler's result included), over this many calls.
-const MAX_ALLOCS_PER_CALL: f64 = 12.0;
+const MAX_ALLOCS_PER_CALL: f64 = 10.0;
 /// Allocations per notification (both nodes, the caller's args included).
-const MAX_ALLOCS_PER_NOTE: f64 = 6.0;
+const MAX_ALLOCS_PER_NOTE: f64 = 5.0;
 const CALLS: u64 = 10_000;
 
 #[tokio::test(flavor = "current_thread")]
