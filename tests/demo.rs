@@ -70,3 +70,43 @@ fn a_bad_agent_count_is_a_usage_error() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// `capwire demo --host docker`: the same story with every agent a Docker
+/// container (host networking, loopback), and nothing left behind. Without
+/// a Docker engine it skips with one line, unless `CAPWIRE_REQUIRE_DOCKER=1`.
+#[test]
+fn the_demo_runs_with_its_agents_in_containers() {
+    let docker = |args: &[&str]| {
+        Command::new("docker")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    if docker(&["info", "--format", "{{.ServerVersion}}"]).is_none() {
+        assert!(
+            std::env::var("CAPWIRE_REQUIRE_DOCKER").as_deref() != Ok("1"),
+            "CAPWIRE_REQUIRE_DOCKER=1 and no Docker engine answers"
+        );
+        eprintln!("skipped: no Docker engine answers (CAPWIRE_REQUIRE_DOCKER=1 requires one)");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_capwire"))
+        .args(["demo", "--agents", "2", "--host", "docker"])
+        .output()
+        .expect("capwire demo starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Whatever happened, the demo's containers and volumes are gone.
+    let left = docker(&["ps", "-aq", "--filter", "name=capwire-"]).unwrap_or_default();
+    if !left.is_empty() {
+        let ids: Vec<&str> = left.lines().collect();
+        let mut rm = vec!["rm", "-f", "-v"];
+        rm.extend(ids);
+        docker(&rm);
+    }
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all 15 steps passed"), "{stdout}");
+    assert!(left.is_empty(), "containers left behind: {left}");
+}

@@ -13,6 +13,8 @@ use capwire::authz::BindFailure;
 use capwire::envelope::{ErrorCode, RawValue};
 use capwire::grants::{Right, revocation_ids};
 use capwire::host::InProcessHost;
+
+use crate::engine::EngineArgs;
 use capwire::json::cbor_to_json;
 use capwire::manifest::{
     ChildArgs, ClusterContact, ClusterCreate, ClusterIntroduce, ClusterList, ClusterRemove,
@@ -34,6 +36,20 @@ pub(crate) struct DemoArgs {
     /// How many agents the cluster gets (2 to 16).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(2..=16))]
     agents: u8,
+    /// Where the agents run: in this process, or as Docker containers
+    /// (host networking, loopback; the image is built from this program
+    /// when it is missing).
+    #[arg(long, value_enum, default_value_t = DemoHost::InProcess)]
+    host: DemoHost,
+}
+
+/// Where the demo's agents run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DemoHost {
+    /// In this process (the default: fast).
+    InProcess,
+    /// As Docker containers, on the local engine.
+    Docker,
 }
 
 const STEPS: usize = 15;
@@ -173,6 +189,7 @@ const HAND_ON_FOR: Duration = Duration::from_secs(2);
 pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let agents_wanted = usize::from(args.agents);
+    let host = args.host;
     let mut narrator = Narrator { n: 0 };
     println!("capwire demo: a control plane and a cluster of {agents_wanted} agents on loopback\n");
 
@@ -181,12 +198,17 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         .step(
             "start a node and a control plane (each with its own X25519 key)",
             async {
-                let hub = agent_builder(APP, "hub")
-                    .listen("127.0.0.1:0".parse().map_err(err)?)
-                    .host(InProcessHost::new().with_factory(|spec| agent_builder(APP, &spec.name)))
-                    .start()
-                    .await
-                    .map_err(err)?;
+                let hub = agent_builder(APP, "hub").listen("127.0.0.1:0".parse().map_err(err)?);
+                let hub = match host {
+                    DemoHost::InProcess => hub.host(
+                        InProcessHost::new().with_factory(|spec| agent_builder(APP, &spec.name)),
+                    ),
+                    DemoHost::Docker => {
+                        crate::engine::ensure_image().await.map_err(err)?;
+                        crate::engine::with_host(hub, false, &EngineArgs::default()).map_err(err)?
+                    }
+                };
+                let hub = hub.start().await.map_err(err)?;
                 let cp = Node::builder("capwire.demo.control-plane")
                     .name("control-plane")
                     .limits(Limits {
@@ -790,6 +812,18 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         .await?;
 
     summary(&hub, &cp, &agents, &manifests, &copies);
+    if host == DemoHost::Docker {
+        // Containers outlive their parent (one that starts again adopts
+        // them): the demo removes its own, volumes and all.
+        for a in &agents {
+            if let Err(e) = parent
+                .request(ClusterRemove, ChildArgs { cid: a.cid.clone() })
+                .await
+            {
+                eprintln!("capwire demo: {} was not removed: {e}", a.name);
+            }
+        }
+    }
     collector.abort();
     cp.shutdown().await;
     hub.shutdown().await;

@@ -100,7 +100,7 @@ impl PlacementArgs {
 
 /// `capwire node --host docker|swarm`: the children's defaults and
 /// network.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct EngineArgs {
     #[command(flatten)]
     pub(crate) defaults: PlacementArgs,
@@ -239,6 +239,25 @@ async fn build(
     _binary: Option<std::path::PathBuf>,
     _force: bool,
 ) -> Result<(), Failure> {
+    Err(no_docker())
+}
+
+/// The children's image, built from this program unless it was already
+/// (for `capwire demo --host docker`).
+#[cfg(feature = "docker")]
+pub(crate) async fn ensure_image() -> Result<(), Failure> {
+    let binary = std::env::current_exe()
+        .map_err(|e| Failure::failed(format!("cannot find this program: {e}")))?;
+    let spec =
+        capwire::host::image::ImageSpec::new(binary, capwire::host::image::DEFAULT_TAG.to_owned());
+    capwire::host::image::build(&spec, None)
+        .await
+        .map(drop)
+        .map_err(|e| Failure::failed(e.to_string()))
+}
+
+#[cfg(not(feature = "docker"))]
+pub(crate) async fn ensure_image() -> Result<(), Failure> {
     Err(no_docker())
 }
 
