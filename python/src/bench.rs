@@ -10,9 +10,10 @@ use capwire::manifest::DeclaredClass;
 use capwire::{Capability, HandlerError, Items, Meta, RawVerb, Sender};
 use pyo3::prelude::*;
 
+use crate::args::{node_id, value_error};
 use crate::bridge::Bridge;
 use crate::errors;
-use crate::node::{Node, node_id, value_error};
+use crate::node::Node;
 
 /// A node serving `app.bench/echo` (a request), `app.bench/sink` (a
 /// notification) and `app.bench/flood` (a stream) in Rust.

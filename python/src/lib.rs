@@ -2,6 +2,7 @@
 //! handlers over capwire's Rust runtime. The Python half (`python/capwire`)
 //! is the API; this module is not used directly.
 
+mod args;
 mod bench;
 mod bridge;
 mod errors;

@@ -2,15 +2,14 @@
 //! bridged to the loop it was started on.
 
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
 use capwire::envelope::RawValue;
 use capwire::manifest::DeclaredClass;
 use capwire::prometheus::MetricsServer;
-use capwire::{Addr, Capability, Contact, Invite, Items, Meta, NodeId, RawVerb, Sender, Task};
-use pyo3::exceptions::PyValueError;
+use capwire::{Addr, Capability, Contact, Invite, Items, Meta, RawVerb, Sender, Task};
 use pyo3::prelude::*;
 
+use crate::args::{node_id, seconds, value_error};
 use crate::bridge::Bridge;
 use crate::errors;
 use crate::errors::Fail;
@@ -18,25 +17,9 @@ use crate::handlers::{self, Extra};
 use crate::peer::Peer;
 use crate::value;
 
-pub(crate) fn value_error(e: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(e.to_string())
-}
-
-pub(crate) fn node_id(text: &str) -> PyResult<NodeId> {
-    text.parse()
-        .map_err(|e| value_error(format!("not a node id: {e}")))
-}
-
 fn addr(text: &str) -> PyResult<Addr> {
     text.parse()
         .map_err(|e| value_error(format!("not an address: {e}")))
-}
-
-pub(crate) fn seconds(s: Option<f64>) -> PyResult<Duration> {
-    match s {
-        None => Ok(capwire::Limits::default().default_deadline),
-        Some(s) => Duration::try_from_secs_f64(s).map_err(value_error),
-    }
 }
 
 /// One verb as the Python layer declared it.

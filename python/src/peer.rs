@@ -10,9 +10,9 @@ use capwire::{CallError, ItemStream as RustItems, TaskEvents, TaskHandle as Rust
 use futures_util::FutureExt;
 use pyo3::prelude::*;
 
+use crate::args::{seconds, value_error};
 use crate::bridge::Bridge;
 use crate::errors::{self, Fail};
-use crate::node::{seconds, value_error};
 use crate::value::{self, Cbor};
 
 fn req_id(text: Option<String>) -> PyResult<Option<ReqId>> {

@@ -21,7 +21,7 @@ use serde_json::{Value as Json, json};
 use tokio::sync::{broadcast, mpsc};
 
 use super::book::{Book, Entry, short};
-use super::tasks::OnQuestion;
+use super::task_args::OnQuestion;
 use super::{ClusterOp, ConfigOp, CtlCommand, OnOff, call_target, tasks_target};
 use crate::exit::{Failure, TIMEOUT, UNREACHABLE, error_code};
 
@@ -385,7 +385,7 @@ impl Ctx {
                 };
                 let args = cbor_args(&args)?;
                 let answer = answer
-                    .map(|a| super::tasks::answer_of(&a, "--answer"))
+                    .map(|a| super::task_args::answer_of(&a, "--answer"))
                     .transpose()?;
                 let req_id = req_id
                     .map(|id| {
@@ -468,7 +468,7 @@ impl Ctx {
             }
             CtlCommand::Tasks { node, peer, op } => {
                 let node = tasks_target(node.as_deref(), peer.as_deref())?;
-                super::tasks::check(&op)?;
+                super::task_args::check(&op)?;
                 let entry = self.book().resolve(node)?;
                 let session = self.reach(&entry, timeout).await?;
                 let via = self.via(&entry, node);

@@ -19,6 +19,7 @@ mod exec;
 mod forward;
 mod grants;
 mod render;
+mod task_args;
 mod tasks;
 mod top;
 
@@ -398,7 +399,7 @@ impl CtlCommand {
             CtlCommand::Call { target, peer, .. } => call_target(peer.as_deref(), target).map(drop),
             CtlCommand::Tasks { node, peer, op } => {
                 tasks_target(node.as_deref(), peer.as_deref())?;
-                tasks::check(op)
+                task_args::check(op)
             }
             CtlCommand::Forget { node }
             | CtlCommand::Manifest { node }
