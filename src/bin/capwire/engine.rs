@@ -114,7 +114,6 @@ pub(crate) struct EngineArgs {
     pub(crate) network: Option<String>,
 }
 
-#[cfg(feature = "docker")]
 fn config(args: &EngineArgs) -> capwire::host::EngineConfig {
     use capwire::host::{EngineConfig, Network};
     let mut cfg = EngineConfig::default();
@@ -145,7 +144,6 @@ fn config(args: &EngineArgs) -> capwire::host::EngineConfig {
 }
 
 /// The node's children as containers (or Swarm services).
-#[cfg(feature = "docker")]
 pub(crate) fn with_host(
     builder: capwire::NodeBuilder,
     swarm: bool,
@@ -157,23 +155,6 @@ pub(crate) fn with_host(
     } else {
         builder.host(capwire::host::DockerHost::new(cfg))
     })
-}
-
-#[cfg(not(feature = "docker"))]
-pub(crate) fn with_host(
-    _builder: capwire::NodeBuilder,
-    _swarm: bool,
-    _args: &EngineArgs,
-) -> Result<capwire::NodeBuilder, Failure> {
-    Err(no_docker())
-}
-
-#[cfg(not(feature = "docker"))]
-fn no_docker() -> Failure {
-    Failure::usage(
-        "this capwire was built without its container hosts: build it with \
-         `cargo build --features docker`",
-    )
 }
 
 /// `capwire image build`.
@@ -207,7 +188,6 @@ pub(crate) async fn image(args: ImageArgs) -> Result<(), Failure> {
     }
 }
 
-#[cfg(feature = "docker")]
 async fn build(
     tag: String,
     binary: Option<std::path::PathBuf>,
@@ -233,18 +213,8 @@ async fn build(
     Ok(())
 }
 
-#[cfg(not(feature = "docker"))]
-async fn build(
-    _tag: String,
-    _binary: Option<std::path::PathBuf>,
-    _force: bool,
-) -> Result<(), Failure> {
-    Err(no_docker())
-}
-
 /// The children's image, built from this program unless it was already
 /// (for `capwire demo --host docker`).
-#[cfg(feature = "docker")]
 pub(crate) async fn ensure_image() -> Result<(), Failure> {
     let binary = std::env::current_exe()
         .map_err(|e| Failure::failed(format!("cannot find this program: {e}")))?;
@@ -254,11 +224,6 @@ pub(crate) async fn ensure_image() -> Result<(), Failure> {
         .await
         .map(drop)
         .map_err(|e| Failure::failed(e.to_string()))
-}
-
-#[cfg(not(feature = "docker"))]
-pub(crate) async fn ensure_image() -> Result<(), Failure> {
-    Err(no_docker())
 }
 
 #[cfg(test)]
