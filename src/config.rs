@@ -155,6 +155,16 @@ pub struct Limits {
     /// How long an ended task is kept, with its events, for its submitter
     /// and the control plane to read. Default 24 h.
     pub task_retention: Duration,
+    /// Keep the audit log (WIRE.md 5.6): every decision of the chokepoint
+    /// and every change of state, provable to the control plane. Off, the
+    /// node records nothing and `core.audit` answers an empty log. Default
+    /// on.
+    pub audit: bool,
+    /// The audit log's disk budget (memory, for a node without a state
+    /// directory), in bytes: past it the oldest entries are pruned, and
+    /// the log records that it pruned them. At least 1 MiB. Default
+    /// 256 MiB (over a million entries).
+    pub audit_max_bytes: u64,
 }
 
 impl Default for Limits {
@@ -197,9 +207,15 @@ impl Default for Limits {
             max_task_events: 1_024,
             max_task_body: 64 << 10,
             task_retention: Duration::from_secs(86_400),
+            audit: true,
+            audit_max_bytes: 256 << 20,
         }
     }
 }
+
+/// The smallest audit budget ([`Limits::audit_max_bytes`]): room for a
+/// few segments of the log.
+pub const MIN_AUDIT_BUDGET: u64 = 1 << 20;
 
 /// The longest any duration setting may be: ten years. Longer values
 /// would overflow clock arithmetic.
@@ -240,6 +256,9 @@ impl Limits {
             if value == 0 {
                 return Err(format!("{name} must be at least 1"));
             }
+        }
+        if self.audit_max_bytes < MIN_AUDIT_BUDGET {
+            return Err("audit_max_bytes must be at least 1 MiB".into());
         }
         if self.accept_rate == 0 || self.accept_burst == 0 {
             return Err("accept_rate and accept_burst must be at least 1".into());

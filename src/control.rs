@@ -12,6 +12,7 @@ use capwire_envelope::{Limits as WireLimits, NodeId};
 use capwire_manifest::{Manifest, ManifestTracker, Registry};
 use tokio::sync::Notify;
 
+use crate::audit::{AuditLog, Entry, Kind};
 use crate::authority::Authorities;
 use crate::dispatch::handler::RouteHandler;
 use crate::error::NodeError;
@@ -35,6 +36,8 @@ pub(crate) struct Control {
     manifest_tx: tokio::sync::watch::Sender<Manifest>,
     /// Told of every binding change: work the old binding admitted stops.
     authorities: Arc<Authorities>,
+    /// Where binding changes are recorded.
+    audit: Arc<AuditLog>,
 }
 
 impl std::fmt::Debug for Control {
@@ -57,11 +60,13 @@ impl Control {
         peers: Arc<Peers>,
         wire_limits: WireLimits,
         authorities: Arc<Authorities>,
+        audit: Arc<AuditLog>,
     ) -> Self {
         let manifest_tx = tokio::sync::watch::channel(tracker.manifest().clone()).0;
         Self {
             manifest_tx,
             authorities,
+            audit,
             binding,
             tracker: Mutex::new(tracker),
             registry,
@@ -69,6 +74,16 @@ impl Control {
             wire_limits,
             pending_changed: Notify::new(),
         }
+    }
+
+    /// Records a change of the binding in the audit log: the control
+    /// plane it is about, the epoch it made, and what it was.
+    fn record_binding(&self, peer: Option<&NodeId>, epoch: u64, what: &str) {
+        let mut e = Entry::new(Kind::Bind);
+        e.peer = peer;
+        e.epoch = Some(epoch);
+        e.detail = Some(what);
+        self.audit.record(&e);
     }
 
     /// The current manifest.
@@ -148,8 +163,9 @@ impl Control {
         check: impl FnOnce(&Binding) -> Result<(), E>,
     ) -> Result<(Binding, BindUndo), Refused<E>> {
         let result = self.binding.try_bind_checked(sender, code, now, check);
-        if result.is_ok() {
+        if let Ok((b, _)) = &result {
             self.authorities.changed();
+            self.record_binding(Some(sender), b.epoch(), "bound");
         }
         if matches!(
             result,
@@ -174,6 +190,8 @@ impl Control {
         let undone = self.binding.undo_bind(undo);
         if undone {
             self.authorities.changed();
+            let b = self.binding.snapshot();
+            self.record_binding(b.controller(), b.epoch(), "undone");
             tracing::warn!("a bind that could not be completed was undone");
             self.refresh(now);
         }
@@ -184,8 +202,9 @@ impl Control {
     /// the unbind cannot be written ([`undo_bind`](Self::undo_bind)).
     pub(crate) fn unbind(&self, now: Instant) -> Option<(NodeId, BindUndo)> {
         let previous = self.binding.unbind_undoable();
-        if previous.is_some() {
+        if let Some((from, _)) = &previous {
             self.authorities.changed();
+            self.record_binding(Some(from), self.binding.snapshot().epoch(), "unbound");
             self.refresh(now);
         }
         previous

@@ -152,6 +152,7 @@ fn dispatcher_bound(controller: Option<NodeId>) -> Dispatcher {
         })),
         delegations,
         authorities,
+        Arc::new(crate::audit::AuditLog::off()),
     );
     made.expect("the test dispatcher builds")
 }
@@ -174,7 +175,8 @@ pub(crate) fn our_hellos(node: NodeId, epoch: u64) -> crate::proto::codec::Hello
     let hello = peer_hello(node, epoch);
     crate::proto::codec::Hellos {
         v1: hello.clone(),
-        v2: hello,
+        v2: hello.clone(),
+        v3: hello,
         differ: false,
     }
 }

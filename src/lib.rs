@@ -163,6 +163,7 @@
 //! `shutdown_grace + close_timeout + 350 ms` whatever peers do.
 
 mod addr;
+mod audit;
 mod authority;
 mod client;
 mod config;
@@ -195,8 +196,9 @@ mod tasks;
 mod time;
 
 pub use addr::{Addr, AddrParseError};
+pub use audit::AuditStats;
 pub use client::Peer;
-pub use config::Limits;
+pub use config::{Limits, MIN_AUDIT_BUDGET};
 pub use contact::Contact;
 pub use core::configuration::ConfigWatch;
 pub use core::events::ControlEvent;

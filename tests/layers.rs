@@ -38,7 +38,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("protocol", &["proto/"]),
     (
         "node state",
-        &["authority.rs", "tap.rs", "tasks/", "host/mod.rs"],
+        &["audit/", "authority.rs", "tap.rs", "tasks/", "host/mod.rs"],
     ),
     ("dispatch", &["dispatch/"]),
     ("connections", &["net/"]),

@@ -24,6 +24,11 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// node runtime decides; WIRE.md 4.1); its hellos after that name it.
 pub const PROTOCOL_V2: u32 = 2;
 
+/// Protocol version 3: the same frames as version 2; it adds `core.audit`
+/// (WIRE.md 5.6). A session speaks it when both sides' first hellos say
+/// they do (WIRE.md 4.1).
+pub const PROTOCOL_V3: u32 = 3;
+
 /// Longest `cap` or `verb` text a received control frame may carry, in bytes.
 ///
 /// The codec accepts any text up to this length, valid identifier or not, so

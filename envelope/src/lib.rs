@@ -56,10 +56,10 @@ pub use error::{DecodeError, EncodeError};
 pub use frame::{
     CONTROL_OVERHEAD, Cancel, Close, CloseRef, ControlEnvelope, ControlRef, Credit, Frame,
     FrameKind, FrameRef, Hello, HelloRef, ITEM_OVERHEAD, ItemRef, Limits, MAX_NAME_LEN,
-    PROTOCOL_V2, PROTOCOL_VERSION, ResponseEnvelope, ResponseRef, StreamItem, decode_frame,
-    encode_cancel, encode_close, encode_control, encode_control_serialize, encode_control_value,
-    encode_credit, encode_frame, encode_item, encode_item_serialize, encode_keepalive,
-    encode_response_err, encode_response_ok, encode_response_value,
+    PROTOCOL_V2, PROTOCOL_V3, PROTOCOL_VERSION, ResponseEnvelope, ResponseRef, StreamItem,
+    decode_frame, encode_cancel, encode_close, encode_control, encode_control_serialize,
+    encode_control_value, encode_credit, encode_frame, encode_item, encode_item_serialize,
+    encode_keepalive, encode_response_err, encode_response_ok, encode_response_value,
 };
 pub use id::{
     CapId, IdError, MAX_CAP_ID_LEN, MAX_REQ_ID_LEN, MAX_VERB_LEN, Namespace, NodeId, ReqId, Verb,

@@ -72,6 +72,7 @@ mod verb;
 
 mod manifest;
 
+mod audit;
 mod cluster;
 mod configuration;
 mod connect;
@@ -87,6 +88,10 @@ mod registry;
 
 mod tracker;
 
+pub use audit::{
+    AuditCheckpoint, AuditEntries, AuditProve, CheckpointReply, EntriesArgs, EntryItem,
+    MAX_ENTRIES_PER_CALL, ProveArgs, ProveReply,
+};
 pub use class::{AuthClass, DeclaredClass, VerbKind};
 pub use cluster::{
     CORE_CLUSTER, ChildArgs, ChildState, ChildStates, ChildStatus, ClusterContact, ClusterCreate,
@@ -114,7 +119,8 @@ pub use monitoring::{
     MonitoringCopy, MonitoringDisable, MonitoringStatusRead, MonitoringStatusReply, NoArgs,
 };
 pub use protocol::{
-    CORE_PROTOCOL, PARTIAL_VIEW, ProtocolVersions, VersionsReply, is_protocol_2_capability,
+    CORE_AUDIT, CORE_PROTOCOL, PARTIAL_VIEW, ProtocolVersions, VersionsReply, capability_since,
+    is_protocol_2_capability,
 };
 pub use registry::{MonitoringHandlers, NodeInfo, Registry, RegistryBuilder, Route, VerbInfo};
 pub use requirement::CapRequirement;

@@ -32,10 +32,27 @@ verb! {
     pub struct ProtocolVersions: request "core.protocol" / "versions", Bootstrap, NoArgs => VersionsReply;
 }
 
-/// Whether the capability `id` exists for protocol 2 alone: a version-1
+/// The id of the audit capability (protocol 3; WIRE.md 5.6).
+pub const CORE_AUDIT: &str = "core.audit";
+
+/// The protocol version the capability `id` exists from: 2 for
+/// `core.tasks` and `core.grants`, 3 for `core.audit`, 1 for every other.
+/// A peer on a session of an older version is not shown it, and its verbs
+/// are unknown there (WIRE.md 4.1).
+pub fn capability_since(id: &str) -> u32 {
+    if id == CORE_AUDIT {
+        3
+    } else if id == crate::tasks::CORE_TASKS || id == crate::grants::CORE_GRANTS {
+        2
+    } else {
+        1
+    }
+}
+
+/// Whether the capability `id` exists from protocol 2 or later: a version-1
 /// peer is not shown it, and its verbs are unknown on a version-1 session.
 pub fn is_protocol_2_capability(id: &str) -> bool {
-    id == crate::tasks::CORE_TASKS || id == crate::grants::CORE_GRANTS
+    capability_since(id) >= 2
 }
 
 impl Manifest {
@@ -94,6 +111,36 @@ impl Manifest {
             p.params = Some(PARTIAL_VIEW.to_owned());
         }
         m
+    }
+
+    /// Whether anything in it exists from protocol 3 on (`core.audit`).
+    pub fn has_protocol_3_capabilities(&self) -> bool {
+        self.capabilities
+            .iter()
+            .any(|c| capability_since(c.id.as_str()) >= 3)
+    }
+
+    /// The manifest as a version-2 peer is shown it: without what exists
+    /// from protocol 3 on (`core.audit`); everything else as it is, epoch
+    /// included, and `core.protocol` unchanged (its major version still
+    /// says the highest version the node speaks).
+    pub fn version_2_view(&self) -> Manifest {
+        let mut m = self.clone();
+        m.capabilities
+            .retain(|c| capability_since(c.id.as_str()) <= 2);
+        m
+    }
+
+    /// The manifest as a peer on a session of protocol `version` is shown
+    /// it: [`version_1_view`](Self::version_1_view) for 1,
+    /// [`version_2_view`](Self::version_2_view) for 2, the whole manifest
+    /// from 3 on.
+    pub fn view_for(&self, version: u32) -> Manifest {
+        match version {
+            0 | 1 => self.version_1_view(),
+            2 => self.version_2_view(),
+            _ => self.clone(),
+        }
     }
 
     /// Whether this is a version-1 view that left stream verbs out (its

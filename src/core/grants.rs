@@ -20,6 +20,7 @@ use capwire_manifest::{
     PresentReply, RevokeArgs,
 };
 
+use crate::audit::{Entry, Kind};
 pub(crate) use crate::core::grant_state::advertised_key;
 use crate::core::grant_state::{lock, unix_ms};
 use crate::core::state::{Core, CoreState};
@@ -85,6 +86,12 @@ async fn present(
     delegations
         .present(from, verified, now)
         .map_err(|d| refused(&d))?;
+    let mut e = Entry::new(Kind::Grant);
+    e.peer = Some(&from);
+    e.epoch = Some(binding.epoch());
+    e.grant = Some(&reply.grant);
+    e.detail = Some("presented");
+    core.audit.record(&e);
     Ok(reply)
 }
 
@@ -152,6 +159,11 @@ async fn revoke(args: RevokeArgs, Core(core): Core) -> Result<GrantsInfo, Handle
         .map_err(|e| HandlerError::new(ErrorCode::Overloaded, e.to_string()))?;
     // Streams and tasks the token let through stop now.
     core.control.authorities().changed();
+    let mut e = Entry::new(Kind::Grant);
+    e.epoch = Some(epoch);
+    e.grant = Some(&args.id);
+    e.detail = Some("revoked");
+    core.audit.record(&e);
     Ok(grants.info(core.control.binding().epoch()))
 }
 

@@ -10,6 +10,7 @@
 //! ```
 
 pub(crate) mod answers;
+pub(crate) mod audit;
 pub(crate) mod cluster;
 pub(crate) mod configuration;
 pub(crate) mod connect;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use capwire_authz::{BindUndo, Binding, Refused};
 use capwire_envelope::{
-    ErrorBody, ErrorCode, FrameRef, MAX_DEPTH, NodeId, PROTOCOL_V2, RawValue, decode_frame,
-    validate_nested,
+    ErrorBody, ErrorCode, FrameRef, MAX_DEPTH, NodeId, PROTOCOL_V2, PROTOCOL_V3, RawValue,
+    decode_frame, validate_nested,
 };
 use capwire_manifest::{
     BindArgs, BindReply, ConfigValue, CopyDirection, CopyRecord, Manifest, MonitoringBind,
@@ -106,6 +106,8 @@ async fn bind(
     let view = move |m: Manifest| {
         if channel.version < PROTOCOL_V2 && m.has_protocol_2_verbs() {
             m.version_1_view()
+        } else if channel.version < PROTOCOL_V3 {
+            m.version_2_view()
         } else {
             m
         }

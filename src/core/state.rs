@@ -114,6 +114,8 @@ pub(crate) struct CoreState {
     pub(crate) limits: CoreLimits,
     /// Delegated rights: the keys, the presented tokens, the revocations.
     pub(crate) grants: Arc<crate::core::grant_state::GrantState>,
+    /// The audit log (`core.audit`).
+    pub(crate) audit: Arc<crate::audit::AuditLog>,
     config_tx: watch::Sender<ConfigValue>,
     roster_tx: watch::Sender<RosterView>,
     /// The application's receivers of pushes (`Node::control_events`),
@@ -183,6 +185,7 @@ impl CoreState {
         host: Arc<dyn Host>,
         limits: CoreLimits,
         grants: Arc<crate::core::grant_state::GrantState>,
+        audit: Arc<crate::audit::AuditLog>,
     ) -> (Self, Vec<AnswerKey>) {
         let (answers, expired) = Answers::load(loaded.answers, limits.answers, unix_ms());
         let config = loaded.config.unwrap_or_else(empty_config);
@@ -205,6 +208,7 @@ impl CoreState {
             host,
             limits,
             grants,
+            audit,
             config_tx,
             roster_tx,
             events: OnceLock::new(),

@@ -33,6 +33,7 @@ use capwire_authz::{
 use capwire_envelope::{ControlRef, ErrorBody, ErrorCode, NodeId, RawValue, ReqId};
 use capwire_manifest::{DeclaredClass, Registry, VerbKind};
 
+use crate::audit::{AuditLog, By, Entry, Kind};
 use crate::authority::Authorities;
 use crate::proto::ledger::{Check, Ledger, Partition};
 use crate::proto::session::{Admission, Admit, Work};
@@ -123,6 +124,8 @@ pub(crate) struct Dispatcher {
     delegations: Arc<Delegations>,
     /// What running work holds its authority from.
     authorities: Arc<Authorities>,
+    /// Where every decision is recorded.
+    audit: Arc<AuditLog>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -157,6 +160,7 @@ impl Dispatcher {
         tap: Arc<Tap>,
         delegations: Arc<Delegations>,
         authorities: Arc<Authorities>,
+        audit: Arc<AuditLog>,
     ) -> Result<Self, String> {
         for (i, route) in registry.routes().enumerate() {
             let entry = route.dangerous_handler();
@@ -181,7 +185,61 @@ impl Dispatcher {
             tap,
             delegations,
             authorities,
+            audit,
         })
+    }
+
+    pub(crate) fn audit(&self) -> &Arc<AuditLog> {
+        &self.audit
+    }
+
+    /// Records a decision the chokepoint answered itself (or dropped): no
+    /// handler ran.
+    fn record_answer(
+        &self,
+        sender: &NodeId,
+        c: &ControlRef<'_>,
+        class: &str,
+        by: Option<&OwnedPermit<RouteHandler>>,
+        outcome: &str,
+    ) {
+        if !self.audit.is_on() {
+            return;
+        }
+        let mut e = Entry::new(Kind::Call);
+        e.peer = Some(sender);
+        e.cap = Some(c.cap);
+        e.verb = Some(c.verb);
+        e.req = (!c.req_id.is_fire_and_forget()).then(|| c.req_id.as_str());
+        e.args = Some(digest(c.args));
+        e.class = Some(class);
+        e.outcome = Some(outcome);
+        if let Some(p) = by {
+            authority(p, &mut e);
+        }
+        self.audit.record(&e);
+    }
+
+    /// Records how an admitted job ended: its authority and its outcome
+    /// (`ok` or the error code it was answered with).
+    pub(crate) fn record_end(&self, sender: &NodeId, job: &Job, result: Result<(), &ErrorBody>) {
+        if !self.audit.is_on() {
+            return;
+        }
+        let info = job.permit.info();
+        let mut e = Entry::new(Kind::Call);
+        e.peer = Some(sender);
+        e.cap = Some(info.cap().as_str());
+        e.verb = Some(info.verb().as_str());
+        e.req = job.is_request().then(|| job.req_id.as_str());
+        e.args = Some(digest(job.args.as_bytes()));
+        e.class = Some(job.permit.class().as_str());
+        authority(&job.permit, &mut e);
+        e.outcome = Some(match result {
+            Ok(()) => "ok",
+            Err(body) => body.code.as_str(),
+        });
+        self.audit.record(&e);
     }
 
     pub(crate) fn authorities(&self) -> &Arc<Authorities> {
@@ -233,18 +291,37 @@ impl Admission for Dispatcher {
         version: u32,
     ) -> Admit<Job> {
         let notification = c.req_id.is_fire_and_forget();
-        // A version-1 peer is not shown what exists for protocol 2 alone
-        // (stream and task verbs, `core.tasks`, `core.grants`): for it
-        // there is no such verb, whoever it is, so this comes before the
-        // controller gate (which would tell it the verb exists).
-        if version < capwire_envelope::PROTOCOL_V2
+        // Nothing goes on unrecorded: with a log that cannot be written,
+        // every envelope is refused.
+        if self.audit.is_failed() {
+            return if notification {
+                Admit::Drop
+            } else {
+                Admit::Answer(ErrorBody::new(
+                    ErrorCode::Unavailable,
+                    "the node's audit log cannot be written",
+                ))
+            };
+        }
+        // A peer is not shown what exists from a later protocol than its
+        // session's (stream and task verbs, `core.tasks`, `core.grants`
+        // from 2, `core.audit` from 3): for it there is no such verb,
+        // whoever it is, so this comes before the controller gate (which
+        // would tell it the verb exists).
+        if version < capwire_envelope::PROTOCOL_V3
             && let Some(route) = self.registry.lookup(c.cap, c.verb)
             && (route.info().kind().since() > version
-                || capwire_manifest::is_protocol_2_capability(c.cap))
+                || capwire_manifest::capability_since(c.cap) > version)
         {
             self.tap.record(Way::In, sender, record, None);
             self.metrics
                 .count(route.dangerous_handler().index(), Outcome::WrongKind);
+            let outcome = if notification {
+                "dropped"
+            } else {
+                "unknown_verb"
+            };
+            self.record_answer(sender, c, "deny", None, outcome);
             return if notification {
                 Admit::Drop
             } else {
@@ -302,10 +379,21 @@ impl Admission for Dispatcher {
                     peer = %sender, cap = c.cap, verb = c.verb, req_id = c.req_id.as_str(),
                     decision = outcome.as_str(), reason = reason.label(), "envelope denied"
                 );
+                let class = match &reason {
+                    DenyReason::Unauthorized { .. } => "controller",
+                    _ => "deny",
+                };
+                let body = reason.error_body();
+                let said = if notification {
+                    "dropped"
+                } else {
+                    body.code.as_str()
+                };
+                self.record_answer(sender, c, class, None, said);
                 return if notification {
                     Admit::Drop
                 } else {
-                    Admit::Answer(reason.error_body())
+                    Admit::Answer(body)
                 };
             }
         };
@@ -317,10 +405,13 @@ impl Admission for Dispatcher {
                 self.metrics.count(route, Outcome::WrongKind);
                 tracing::debug!(peer = %sender, cap = c.cap, verb = c.verb,
                     "request verb sent as a notification: dropped");
+                self.record_answer(sender, c, permit.class().as_str(), Some(&permit), "dropped");
                 return Admit::Drop;
             }
             (VerbKind::Notification, false) => {
                 self.metrics.count(route, Outcome::WrongKind);
+                let class = permit.class().as_str();
+                self.record_answer(sender, c, class, Some(&permit), "unknown_verb");
                 return Admit::Answer(ErrorBody::new(
                     ErrorCode::UnknownVerb,
                     "this verb is a notification and takes no req_id",
@@ -333,6 +424,7 @@ impl Admission for Dispatcher {
         if notification {
             if self.is_shutting_down() {
                 self.metrics.count(route, Outcome::Cancelled);
+                self.record_answer(sender, c, permit.class().as_str(), Some(&permit), "dropped");
                 return Admit::Drop;
             }
             return Admit::Run(Job {
@@ -358,6 +450,9 @@ impl Admission for Dispatcher {
             match ledger.check(&c.req_id, route, binding.epoch(), now, begin, keyed) {
                 Check::Replay(frame) => {
                     self.metrics.count(route, Outcome::Replayed);
+                    drop(ledger);
+                    let class = permit.class().as_str();
+                    self.record_answer(sender, c, class, Some(&permit), "replayed");
                     return Admit::Replay(frame);
                 }
                 Check::Running => (
@@ -375,6 +470,9 @@ impl Admission for Dispatcher {
                 ),
                 Check::New if shutting_down => {
                     self.metrics.count(route, Outcome::Cancelled);
+                    drop(ledger);
+                    let class = permit.class().as_str();
+                    self.record_answer(sender, c, class, Some(&permit), "cancelled");
                     return Admit::Answer(ErrorBody::new(
                         ErrorCode::Cancelled,
                         "cancelled: the node is shutting down",
@@ -384,6 +482,9 @@ impl Admission for Dispatcher {
                 Check::New => {
                     // Nothing could finish in no time: not run, not recorded.
                     self.metrics.count(route, Outcome::Cancelled);
+                    drop(ledger);
+                    let class = permit.class().as_str();
+                    self.record_answer(sender, c, class, Some(&permit), "timeout");
                     return Admit::Answer(ErrorBody::new(
                         ErrorCode::Timeout,
                         "the request came with a budget of 0 ms",
@@ -399,13 +500,43 @@ impl Admission for Dispatcher {
                     });
                 }
             };
+        drop(ledger);
         self.metrics.count(route, outcome);
         let code = if outcome == Outcome::Overloaded {
             ErrorCode::Overloaded
         } else {
             ErrorCode::Duplicate
         };
+        self.record_answer(
+            sender,
+            c,
+            permit.class().as_str(),
+            Some(&permit),
+            code.as_str(),
+        );
         Admit::Answer(ErrorBody::new(code, answer))
+    }
+}
+
+/// The BLAKE2s-256 digest of an envelope's args item (WIRE.md 5.6).
+fn digest(args: &[u8]) -> [u8; 32] {
+    use blake2::Digest;
+    blake2::Blake2s256::digest(args).into()
+}
+
+/// The authority a permit let a call through on, into an entry.
+fn authority<'a>(p: &'a OwnedPermit<RouteHandler>, e: &mut Entry<'a>) {
+    match (p.class(), p.grant()) {
+        (_, Some(g)) => {
+            e.by = Some(By::Grant);
+            e.epoch = Some(p.binding_epoch());
+            e.grant = Some(g);
+        }
+        (DeclaredClass::Controller, None) => {
+            e.by = Some(By::ControlPlane);
+            e.epoch = Some(p.binding_epoch());
+        }
+        (DeclaredClass::Bootstrap, None) => e.by = Some(By::Bootstrap),
     }
 }
 

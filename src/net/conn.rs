@@ -30,7 +30,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use capwire_envelope::CloseCode;
+use capwire_envelope::{CloseCode, NodeId};
 use capwire_transport::{CloseCode as TransportClose, RecordDecoder, TransportError};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Sleep;
@@ -513,7 +513,7 @@ impl Driver {
                         );
                         match started {
                             Started::Done(f) => {
-                                count(&self.env.dispatcher, &job, &f);
+                                count(&self.env.dispatcher, &job, &f, &self.session.remote());
                                 self.finished.push((ticket, Some(f)));
                             }
                             Started::Waiting { future, token } => {
@@ -524,7 +524,9 @@ impl Driver {
                                 let dispatcher = self.env.dispatcher.clone();
                                 self.env.tracker.spawn(async move {
                                     let f = future.await;
-                                    count(&dispatcher, &job, &f);
+                                    count(&dispatcher, &job, &f, &session.remote());
+                                    // The answer leaves only after its entry.
+                                    dispatcher.audit().flush();
                                     session.finish(ticket, f);
                                 });
                             }
@@ -774,6 +776,10 @@ impl Driver {
             let Some((buf, off)) = self.out.as_mut() else {
                 return false;
             };
+            // What these bytes acknowledge is in the audit log first.
+            if *off == 0 {
+                self.env.dispatcher.audit().flush();
+            }
             match io.poll_write(cx, &buf[*off..]) {
                 Poll::Ready(Ok(0)) => {
                     self.failed = true;
@@ -892,8 +898,9 @@ impl Driver {
     }
 }
 
-fn count(dispatcher: &Dispatcher, job: &Job, f: &Finished) {
+fn count(dispatcher: &Dispatcher, job: &Job, f: &Finished, sender: &NodeId) {
     dispatcher.metrics().count(job.route(), f.outcome);
+    dispatcher.record_end(sender, job, f.result.as_ref().map(|_| ()));
     if let Err(e) = &f.result
         && !job.is_request()
     {

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio::net::UnixListener;
 
 use crate::addr::Addr;
+use crate::audit::AuditStats;
 use crate::client::Peer;
 use crate::contact::Contact;
 use crate::core::configuration::ConfigWatch;
@@ -79,9 +80,13 @@ impl Node {
         self.rt.dispatcher.metrics().snapshot()
     }
 
-    /// A copy of the node's counters and gauges: the per (cap, verb,
-    /// outcome) counters of [`metrics`](Self::metrics), sessions and
-    /// handshakes by direction, connections that did not become a session
+    /// What the audit log holds now (WIRE.md 5.6): its entries, the first
+    /// one still kept, its bytes.
+    pub fn audit_stats(&self) -> AuditStats {
+        self.rt.core.audit.stats()
+    }
+
+    /// Counters for monitoring: sessions by direction, handshake failures
     /// by reason, the replay ledger's sizes, queue depths and monitoring
     /// copies. Cheap enough to call on every scrape: it takes each
     /// session's lock once, briefly.

@@ -25,10 +25,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::addr::Addr;
+use crate::audit::AuditLog;
 use crate::authority::Authorities;
 use crate::config::Limits;
 use crate::control::{Control, hello_for};
 use crate::core::answers::AnswerLimits;
+use crate::core::audit as core_audit;
 use crate::core::grant_state::GrantState;
 use crate::core::monitoring;
 use crate::core::state::{Core, CoreLimits, CoreState, Dialer};
@@ -150,6 +152,30 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// Opens the node's audit log: in the state directory's `audit/`, in
+/// memory without one, or off.
+fn open_audit(
+    dir: Option<&std::path::Path>,
+    keypair: &Keypair,
+    limits: &Limits,
+) -> Result<AuditLog, NodeError> {
+    let segments: Box<dyn crate::audit::segments::Segments> = match dir {
+        Some(dir) if limits.audit => Box::new(
+            crate::audit::segments::DirSegments::open(&dir.join("audit"))
+                .map_err(|e| NodeError::Config(format!("the audit log's directory: {e}")))?,
+        ),
+        _ => Box::<crate::audit::segments::MemorySegments>::default(),
+    };
+    AuditLog::open(
+        segments,
+        &keypair.secret_bytes(),
+        &keypair.public(),
+        limits.audit_max_bytes,
+        limits.audit,
+    )
+    .map_err(|e| NodeError::Config(format!("the audit log: {e}")))
+}
+
 /// Builds a node's parts. Nothing runs yet.
 pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     p.limits.validate().map_err(NodeError::Config)?;
@@ -173,6 +199,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         std::time::SystemTime::now(),
     ));
     let limits = p.limits;
+    let audit = Arc::new(open_audit(dir.as_deref(), &keypair, &limits)?);
 
     let mut info = NodeInfo::new(id, p.app_id).with_description(p.description);
     if let Some(name) = p.name {
@@ -193,6 +220,9 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     .core_capability(protocol::capability())
     .core_capability(core_tasks::capability())
     .core_capability(core_grants::capability(grants.params()));
+    if audit.is_on() {
+        registry = registry.core_capability(core_audit::capability(audit.verifier_key()));
+    }
     for cap in p.caps {
         registry = registry.capability(cap);
     }
@@ -272,6 +302,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         peers.clone(),
         wire_limits,
         authorities.clone(),
+        audit.clone(),
     ));
     let handle = NodeHandle::new(
         id,
@@ -314,6 +345,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
         },
         binding.clone(),
         authorities.clone(),
+        audit.clone(),
     ));
     // Capacity for tasks is kept for the control plane and contacts.
     let contacts = Arc::downgrade(&peers);
@@ -340,6 +372,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             copy_body_max: limits.copy_body_max,
         },
         grants.clone(),
+        audit.clone(),
     );
     let core = Arc::new(core);
     let mut extensions = p.extensions;
@@ -363,6 +396,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             tap,
             grants.delegations.clone(),
             authorities,
+            audit.clone(),
         )
         .map_err(NodeError::Config)?,
     );

@@ -77,5 +77,11 @@ pub(crate) async fn shutdown(rt: &Runtime) {
             "shutdown: tasks still running after the close bound; leaving them"
         );
     }
+    // What the log recorded is written and synced.
+    let audit = rt.core.audit.clone();
+    let synced = tokio::task::spawn_blocking(move || audit.sync()).await;
+    if let Ok(Err(e)) = synced {
+        tracing::warn!(error = %e, "shutdown: the audit log could not be synced");
+    }
     *done = true;
 }

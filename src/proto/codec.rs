@@ -4,8 +4,9 @@
 use bytes::Bytes;
 use capwire_envelope::{
     CloseCode, EncodeError, ErrorBody, ErrorCode, Frame, Hello, Limits as WireLimits, PROTOCOL_V2,
-    PROTOCOL_VERSION, RawValue, ReqId, encode_cancel, encode_close, encode_control_value,
-    encode_credit, encode_frame, encode_item_serialize, encode_response_err, encode_response_value,
+    PROTOCOL_V3, PROTOCOL_VERSION, RawValue, ReqId, encode_cancel, encode_close,
+    encode_control_value, encode_credit, encode_frame, encode_item_serialize, encode_response_err,
+    encode_response_value,
 };
 use capwire_manifest::Manifest;
 
@@ -27,12 +28,28 @@ pub(crate) struct Hellos {
     /// stream verbs): every session's first hello, and every hello of a
     /// version-1 session.
     pub(crate) v1: Bytes,
-    /// Protocol 2, with the whole manifest: the hellos of a version-2
-    /// session after the first.
+    /// Protocol 2, with the manifest as a version-2 peer is shown it
+    /// (nothing of protocol 3): the hellos of a version-2 session after
+    /// the first.
     pub(crate) v2: Bytes,
-    /// The two manifests differ (the node has stream verbs): a version-2
-    /// session is sent `v2` as soon as it knows it is one.
+    /// Protocol 3, with the whole manifest: the hellos of a version-3
+    /// session after the first.
+    pub(crate) v3: Bytes,
+    /// The version-1 view is not the whole manifest (the node has stream
+    /// verbs): a session of version 2 or more is sent its own hello as
+    /// soon as it knows its version.
     pub(crate) differ: bool,
+}
+
+impl Hellos {
+    /// The hello of a session of protocol `version`, after the first.
+    pub(crate) fn of(&self, version: u32) -> &Bytes {
+        match version {
+            0 | 1 => &self.v1,
+            2 => &self.v2,
+            _ => &self.v3,
+        }
+    }
 }
 
 /// A `hello` frame for `protocol`, announcing `manifest` and `limits`.
@@ -61,7 +78,8 @@ pub(crate) fn hellos(manifest: &Manifest, limits: WireLimits) -> Result<Hellos, 
     };
     Ok(Hellos {
         v1,
-        v2: hello(manifest, PROTOCOL_V2, limits)?,
+        v2: hello(&manifest.version_2_view(), PROTOCOL_V2, limits)?,
+        v3: hello(manifest, PROTOCOL_V3, limits)?,
         differ,
     })
 }

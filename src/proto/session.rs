@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use capwire_envelope::{
     CloseCode, ErrorBody, ErrorCode, FrameRef, Limits as WireLimits, NodeId, PROTOCOL_V2,
-    PROTOCOL_VERSION, RawValue, ReqId, decode_frame,
+    PROTOCOL_V3, PROTOCOL_VERSION, RawValue, ReqId, decode_frame,
 };
 use capwire_manifest::Manifest;
 
@@ -532,8 +532,8 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
         }
         let first = self.hello.is_some().then(|| hellos.v1.clone());
         let update = match (self.version >= PROTOCOL_V2, first.is_some()) {
-            (true, false) => Some(hellos.v2.clone()),
-            (true, true) => hellos.differ.then(|| hellos.v2.clone()),
+            (true, false) => Some(hellos.of(self.version).clone()),
+            (true, true) => hellos.differ.then(|| hellos.of(self.version).clone()),
             (false, false) => Some(hellos.v1.clone()),
             (false, true) => None,
         };
@@ -904,18 +904,20 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
                 self.close(code, &reason, true);
                 return;
             }
-            // Both sides speak protocol 2 (ours lists it in every
-            // manifest): from now on it is a version-2 session, and the
-            // peer is shown our whole manifest.
+            // Both sides speak protocol 2 or 3 (ours lists 3 in every
+            // manifest): from now on the session speaks the lower of the
+            // two highest versions, and the peer is shown our manifest as
+            // that version shows it.
             if first
-                && self
+                && let Some(speaks) = self
                     .peer
                     .as_ref()
-                    .is_some_and(|p| p.manifest.protocol() >= PROTOCOL_V2)
+                    .map(|p| p.manifest.protocol().min(PROTOCOL_V3))
+                && speaks >= PROTOCOL_V2
             {
-                self.version = PROTOCOL_V2;
+                self.version = speaks;
                 if self.hellos.differ {
-                    self.update = Some(self.hellos.v2.clone());
+                    self.update = Some(self.hellos.of(speaks).clone());
                 }
             }
             // A version-2 peer whose first hello left stream verbs out
@@ -1076,6 +1078,12 @@ impl<W, J: Work, S: Clone> SessionCore<W, J, S> {
                 "stream verbs in a hello that names protocol 1".to_owned(),
             ));
         }
+        if hello.protocol < PROTOCOL_V3 && manifest.has_protocol_3_capabilities() {
+            return Err((
+                CloseCode::ProtocolError,
+                "a capability of protocol 3 in a hello that names protocol 2 or 1".to_owned(),
+            ));
+        }
         // A newer epoch replaces what is held; so does the first hello
         // naming protocol 2 (the whole manifest of a version-2 peer, at
         // the epoch of the version-1 view it sent first).
@@ -1227,6 +1235,7 @@ pub(crate) mod tests {
             Hellos {
                 v1: Bytes::from_static(b"our hello"),
                 v2: Bytes::from_static(b"our hello, v2"),
+                v3: Bytes::from_static(b"our hello, v3"),
                 differ: false,
             },
             limits(),

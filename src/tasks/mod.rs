@@ -40,6 +40,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::audit::{AuditLog, Entry, Kind};
 use crate::authority::{Authorities, Authority, Basis};
 use crate::store::{Store, StoreError, TaskAuthority, TaskEventRecord, TaskRecord};
 use crate::time::unix_ms;
@@ -175,6 +176,8 @@ pub(crate) struct TaskService {
     /// work holds its authority from.
     binding: Arc<SharedBinding>,
     authorities: Arc<Authorities>,
+    /// Where task state changes are recorded.
+    audit: Arc<AuditLog>,
     watchers: Mutex<HashMap<TaskId, Arc<Notify>>>,
     runs: Mutex<HashMap<TaskId, Run>>,
     pushes: Mutex<Pushes>,
@@ -284,6 +287,7 @@ impl TaskService {
         limits: TaskLimits,
         binding: Arc<SharedBinding>,
         authorities: Arc<Authorities>,
+        audit: Arc<AuditLog>,
     ) -> Self {
         let (cmds, inbox) = mpsc::channel(QUEUE);
         Self {
@@ -295,6 +299,7 @@ impl TaskService {
             limits,
             binding,
             authorities,
+            audit,
             watchers: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
             pushes: Mutex::new(Pushes::default()),
@@ -1024,6 +1029,14 @@ impl TaskService {
             if *kind == TaskEventKind::Progress {
                 continue;
             }
+            let task = id.to_string();
+            let mut entry = Entry::new(Kind::Task);
+            entry.cap = Some(&e.record.cap);
+            entry.peer = Some(&e.record.submitter);
+            entry.verb = Some(&e.record.verb);
+            entry.detail = Some(&task);
+            entry.outcome = Some(state.as_str());
+            self.audit.record(&entry);
             if pushes.queue.len() >= PUSH_QUEUE {
                 pushes.queue.pop_front();
                 pushes.missed(epoch, 1);
