@@ -30,7 +30,8 @@ Exit codes:
   5  no answer in time (--timeout, or the peer's own timeout)
   6  the peer could not be reached, or the connection was lost
   7  the task was canceled (call --wait, tasks watch; one that failed is 4)
-  8  the task waits for an answer (call --wait without --answer)";
+  8  the task waits for an answer (call --wait without --answer)
+  9  the node's audit log was rewritten, rolled back or forked (audit)";
 
 /// A failure of a subcommand: what to print and the exit code, and, when
 /// a node's answer (or a call's end) said it, capwire's error code
@@ -50,6 +51,7 @@ pub(crate) const TIMEOUT: u8 = 5;
 pub(crate) const UNREACHABLE: u8 = 6;
 pub(crate) const CANCELED: u8 = 7;
 pub(crate) const ANSWER_NEEDED: u8 = 8;
+pub(crate) const REWRITTEN: u8 = 9;
 
 impl Failure {
     pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {

@@ -606,6 +606,11 @@ impl Ctx {
                 .await
             }
             CtlCommand::Revoke { node, what } => self.revoke(&node, &what, timeout, out).await,
+            CtlCommand::Audit {
+                node,
+                entries,
+                dump,
+            } => self.audit(&node, entries, dump, timeout, out).await,
             CtlCommand::Identity => {
                 emit(
                     out,

@@ -13,6 +13,7 @@
 //! same key would replace the owner's). A directory held by a one-shot
 //! command is waited for: it is free again in a moment.
 
+mod audit;
 mod book;
 pub(crate) mod card;
 mod exec;
@@ -210,6 +211,26 @@ pub(crate) enum CtlCommand {
         /// The token, or a revocation id (128 hex digits).
         #[arg(value_name = "TOKEN_OR_ID")]
         what: String,
+    },
+    /// Checks a node's audit log (`core.audit`, protocol 3): fetches its
+    /// signed checkpoint, verifies the signature with the key in its
+    /// manifest, and checks it against the checkpoint kept from the last
+    /// check (a consistency proof; a smaller log, or another root at the
+    /// same size, is a rewritten one: exit code 9). With --entries, reads
+    /// every kept entry and checks it against the checkpoint.
+    Audit {
+        /// The node: a name, a key or an invite.
+        #[arg(value_name = "PEER")]
+        node: String,
+        /// Read and check every entry still kept.
+        #[arg(long)]
+        #[serde(default)]
+        entries: bool,
+        /// Write what was checked (notes, entries, proofs) as JSON to FILE,
+        /// for another verifier (WIRE.md 5.6).
+        #[arg(long, value_name = "FILE")]
+        #[serde(default)]
+        dump: Option<std::path::PathBuf>,
     },
     /// Prints this control plane's node id and grant key (what another
     /// control plane names with `ctl grant --to ID --to-key KEY`).
