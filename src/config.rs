@@ -160,10 +160,10 @@ pub struct Limits {
     /// node records nothing and `core.audit` answers an empty log. Default
     /// on.
     pub audit: bool,
-    /// The audit log's disk budget (memory, for a node without a state
-    /// directory), in bytes: past it the oldest entries are pruned, and
-    /// the log records that it pruned them. At least 1 MiB. Default
-    /// 256 MiB (over a million entries).
+    /// The audit log's disk budget, in bytes: past it the oldest entries
+    /// are pruned, and the log records that it pruned them. At least
+    /// 1 MiB. Default 256 MiB (about a million entries). A node without a
+    /// state directory keeps its log in memory, within at most 16 MiB.
     pub audit_max_bytes: u64,
 }
 

@@ -108,6 +108,7 @@ fn the_socket_and_the_files_are_private_whatever_the_umask() {
     assert_eq!(mode(&cp), 0o700);
     assert_eq!(mode(&cp.join("identity.key")), 0o600);
     assert_eq!(mode(&cp.join("state.redb")), 0o600);
+    assert_eq!(mode(&cp.join("audit")), 0o700, "the audit log's directory");
 
     // Handed to the owner, which writes the book under its umask 000.
     let bound = ctl_ok(&cp, &["--json", "bind", node.invite()]).record();
@@ -122,7 +123,13 @@ fn the_socket_and_the_files_are_private_whatever_the_umask() {
     });
     assert_eq!(
         names_in(&cp),
-        ["ctl.sock", "identity.key", "peers.json", "state.redb"],
+        [
+            "audit",
+            "ctl.sock",
+            "identity.key",
+            "peers.json",
+            "state.redb"
+        ],
         "no temporary file is left"
     );
     watch.signal("INT");
@@ -318,6 +325,7 @@ fn the_book_is_replaced_whole_and_leftovers_break_nothing() {
         names_in(&cp),
         [
             ".peers.json.adir00.new",
+            "audit",
             "identity.key",
             "peers.json",
             "state.redb"

@@ -283,7 +283,12 @@ async fn a_new_state_directory_is_private_and_its_key_written_once() {
     drop(node);
     assert_eq!(mode(&state), 0o700);
     assert_eq!(mode(&state.join("identity.key")), 0o600);
-    assert_eq!(names_in(&state), ["identity.key", "state.redb"]);
+    assert_eq!(names_in(&state), ["audit", "identity.key", "state.redb"]);
+    assert_eq!(
+        mode(&state.join("audit")),
+        0o700,
+        "the audit log's directory"
+    );
     // The key, as `capwire keygen` writes it: one line of lowercase hex.
     let text = fs::read_to_string(state.join("identity.key")).unwrap();
     let hex = text
@@ -323,7 +328,12 @@ async fn temporary_key_files_left_by_a_crash_break_nothing() {
     drop(node);
     assert_eq!(
         names_in(&state),
-        [".identity.key.adir00.new", "identity.key", "state.redb"],
+        [
+            ".identity.key.adir00.new",
+            "audit",
+            "identity.key",
+            "state.redb"
+        ],
         "the leftover files are gone, the new key is in place"
     );
     assert_eq!(mode(&state.join("identity.key")), 0o600);

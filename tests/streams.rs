@@ -388,7 +388,11 @@ async fn a_version_2_peer_sees_stream_verbs_with_their_item_schema() {
     let item_schema: serde_json::Value =
         serde_json::from_str(v.result_schema.as_deref().unwrap()).unwrap();
     assert_eq!(item_schema["type"], "integer");
-    assert_eq!(manifest.protocol(), 2);
+    assert_eq!(
+        manifest.protocol(),
+        3,
+        "a capwire node speaks protocols 1 to 3"
+    );
     c.shutdown().await;
     s.shutdown().await;
 }

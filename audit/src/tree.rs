@@ -263,18 +263,25 @@ impl Frontier {
     /// Appends a leaf hash; returns the hashes to store, in stored order:
     /// the leaf hash, then each parent it completes.
     pub fn push(&mut self, leaf: Hash) -> Vec<Hash> {
-        let mut stored = vec![leaf];
+        let mut stored = Vec::with_capacity(2);
+        self.push_with(leaf, |h| stored.push(*h));
+        stored
+    }
+
+    /// Like [`push`](Self::push), handing each stored hash to `store` in
+    /// stored order instead of collecting them (no allocation).
+    pub fn push_with(&mut self, leaf: Hash, mut store: impl FnMut(&Hash)) {
+        store(&leaf);
         let mut h = leaf;
         let mut size = self.size;
         while size & 1 == 1 {
             let Some(left) = self.hashes.pop() else { break };
             h = node_hash(&left, &h);
-            stored.push(h);
+            store(&h);
             size >>= 1;
         }
         self.hashes.push(h);
         self.size += 1;
-        stored
     }
 
     /// The frontier of the tree of the first `n` leaves in `r`, from one

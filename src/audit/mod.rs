@@ -60,11 +60,18 @@ pub struct AuditStats {
     pub pruned_segments: u64,
 }
 
+/// Bytes waiting to be written to one segment.
+#[derive(Default)]
 struct Pending {
     seg: u64,
     entries: Vec<u8>,
     hashes: Vec<u8>,
 }
+
+/// Hashes wait in memory up to this many bytes: an entry reaches its file
+/// before what acknowledges it; its hashes, which the entries determine,
+/// follow in batches (and before any proof, checkpoint or sync).
+const HASH_BATCH: usize = 64 << 10;
 
 struct Inner {
     store: Box<dyn Segments>,
@@ -73,7 +80,11 @@ struct Inner {
     size: u64,
     /// Entries written to the segments.
     written: u64,
+    /// What waits, by segment: at most two (a segment's end and the next
+    /// one's start), their buffers kept from write to write.
     pending: Vec<Pending>,
+    /// Pending buffers to use again.
+    spare: Vec<Pending>,
     /// The first entry kept.
     first: u64,
     /// Stored hashes kept for the pruned prefix (its complete subtrees).
@@ -218,6 +229,7 @@ impl AuditLog {
             size: first,
             written: first,
             pending: Vec::new(),
+            spare: Vec::new(),
             first,
             kept,
             bytes: 0,
@@ -310,22 +322,26 @@ impl AuditLog {
         let mut bytes = std::mem::take(&mut inner.scratch);
         bytes.clear();
         entry.encode(index, unix_ms(), &mut bytes);
-        let hashes = inner.frontier.push(leaf_hash(&bytes));
         let seg = index / SEGMENT;
-        if inner.pending.last().is_none_or(|p| p.seg != seg) {
-            inner.pending.push(Pending {
-                seg,
-                entries: Vec::with_capacity(4096),
-                hashes: Vec::with_capacity(2048),
-            });
+        match inner.pending.last_mut() {
+            Some(p) if p.seg == seg => {}
+            // A buffer emptied by the last write serves the next segment.
+            Some(p) if p.entries.is_empty() && p.hashes.is_empty() => p.seg = seg,
+            _ => {
+                let mut p = inner.spare.pop().unwrap_or_default();
+                p.seg = seg;
+                inner.pending.push(p);
+            }
         }
-        if let Some(p) = inner.pending.last_mut() {
+        let leaf = leaf_hash(&bytes);
+        let Inner {
+            pending, frontier, ..
+        } = inner;
+        if let Some(p) = pending.last_mut() {
             p.entries
                 .extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
             p.entries.extend_from_slice(&bytes);
-            for h in &hashes {
-                p.hashes.extend_from_slice(h);
-            }
+            frontier.push_with(leaf, |h| p.hashes.extend_from_slice(h));
         }
         inner.scratch = bytes;
         inner.size += 1;
@@ -343,7 +359,7 @@ impl AuditLog {
         }
         let mut g = self.lock();
         self.pending.store(false, Ordering::Release);
-        if let Err(e) = self.write_pending(&mut g) {
+        if let Err(e) = self.write_pending(&mut g, false) {
             if !self.failed.swap(true, Ordering::Relaxed) {
                 tracing::error!(error = %e, "the audit log cannot be written: refusing what it would record");
             }
@@ -355,15 +371,40 @@ impl AuditLog {
         }
     }
 
-    fn write_pending(&self, g: &mut Inner) -> Result<(), AuditError> {
-        let pending = std::mem::take(&mut g.pending);
-        for p in pending {
-            g.store
-                .append(p.seg, &p.entries, &p.hashes)
-                .map_err(io_err)?;
-            let n = (p.entries.len() + p.hashes.len()) as u64;
-            *g.seg_bytes.entry(p.seg).or_default() += n;
-            g.bytes += n;
+    /// Writes every pending entry; the hashes too when `all` asks or
+    /// enough of them wait (a segment's hashes are written when it is
+    /// left for the next).
+    fn write_pending(&self, g: &mut Inner, all: bool) -> Result<(), AuditError> {
+        let Inner {
+            store,
+            pending,
+            spare,
+            seg_bytes,
+            bytes,
+            ..
+        } = g;
+        let last = pending.len().saturating_sub(1);
+        for (i, p) in pending.iter_mut().enumerate() {
+            let hashes = all || i < last || p.hashes.len() >= HASH_BATCH;
+            let h: &[u8] = if hashes { &p.hashes } else { &[] };
+            if p.entries.is_empty() && h.is_empty() {
+                continue;
+            }
+            store.append(p.seg, &p.entries, h).map_err(io_err)?;
+            let n = (p.entries.len() + h.len()) as u64;
+            *seg_bytes.entry(p.seg).or_default() += n;
+            *bytes += n;
+            p.entries.clear();
+            if hashes {
+                p.hashes.clear();
+            }
+        }
+        // The segments left behind are done: their buffers are spare (the
+        // last one stays, to be used again).
+        if pending.len() > 1 {
+            let keep = pending.pop();
+            spare.append(pending);
+            pending.extend(keep);
         }
         g.written = g.size;
         Ok(())
@@ -373,6 +414,10 @@ impl AuditLog {
     /// its budget (keeping the last two), and records that it did.
     fn prune(&self) {
         let mut g = self.lock();
+        if let Err(e) = self.write_pending(&mut g, true) {
+            tracing::error!(error = %e, "the audit log could not be written before pruning");
+            return;
+        }
         let mut dropped = 0u64;
         while g.bytes > g.budget / 10 * 9 && g.seg_bytes.len() > 2 {
             let Some((&seg, _)) = g.seg_bytes.iter().next() else {
@@ -401,7 +446,7 @@ impl AuditLog {
     pub(crate) fn sync(&self) -> Result<(), AuditError> {
         let mut g = self.lock();
         self.pending.store(false, Ordering::Release);
-        self.write_pending(&mut g)?;
+        self.write_pending(&mut g, true)?;
         g.store.sync().map_err(io_err)
     }
 
@@ -424,25 +469,36 @@ impl AuditLog {
     pub(crate) fn checkpoint(&self) -> Result<(String, u64, u64), AuditError> {
         let mut g = self.lock();
         self.pending.store(false, Ordering::Release);
-        self.write_pending(&mut g)?;
+        self.write_pending(&mut g, true)?;
         if let Some((size, note)) = &g.signed
             && *size == g.written
         {
             return Ok((note.clone(), *size, g.first));
         }
-        g.store.sync().map_err(io_err)?;
         let cp = Checkpoint {
             origin: self.key.name().to_owned(),
             size: g.written,
             root: g.frontier.root(),
             extensions: Vec::new(),
         };
+        let first = g.first;
+        // The sync runs without the lock: calls go on being recorded
+        // meanwhile (after the checkpoint's entries, which it makes
+        // durable; a segment that was left was synced then).
+        let syncer = g.store.syncer().map_err(io_err)?;
+        drop(g);
+        if let Some(s) = syncer {
+            s.sync().map_err(io_err)?;
+        }
         let note = self.key.sign(&cp);
-        g.store
-            .write_meta(CHECKPOINT, note.as_bytes())
-            .map_err(io_err)?;
-        g.signed = Some((cp.size, note.clone()));
-        Ok((note, cp.size, g.first))
+        let mut g = self.lock();
+        if g.signed.as_ref().is_none_or(|(size, _)| *size < cp.size) {
+            // A cache of the last note: not synced (it is signed again
+            // when lost).
+            let _ = g.store.write_meta(CHECKPOINT, note.as_bytes(), false);
+            g.signed = Some((cp.size, note.clone()));
+        }
+        Ok((note, cp.size, first))
     }
 
     /// The entries `[from, to)` of one segment at most (the one `from` is
@@ -453,7 +509,7 @@ impl AuditLog {
     pub(crate) fn entries(&self, from: u64, to: u64) -> Result<Vec<(u64, Vec<u8>)>, AuditError> {
         let mut g = self.lock();
         self.pending.store(false, Ordering::Release);
-        self.write_pending(&mut g)?;
+        self.write_pending(&mut g, true)?;
         if from < g.first {
             return Err(AuditError::Pruned(g.first));
         }
@@ -484,7 +540,8 @@ impl AuditLog {
     /// # Errors
     /// `Range` for an index or size outside the written tree, `Pruned`.
     pub(crate) fn prove_inclusion(&self, index: u64, size: u64) -> Result<Vec<Hash>, AuditError> {
-        let g = self.lock();
+        let mut g = self.lock();
+        self.write_pending(&mut g, true)?;
         if size > g.written || index >= size {
             return Err(AuditError::Range(format!(
                 "entry {index} is not in a tree of {size} (the log has {} written)",
@@ -499,7 +556,8 @@ impl AuditLog {
     /// # Errors
     /// `Range` for sizes outside the written tree, `Pruned`.
     pub(crate) fn prove_consistency(&self, from: u64, size: u64) -> Result<Vec<Hash>, AuditError> {
-        let g = self.lock();
+        let mut g = self.lock();
+        self.write_pending(&mut g, true)?;
         if size > g.written || from == 0 || from > size {
             return Err(AuditError::Range(format!(
                 "no consistency proof from {from} to {size} (the log has {} written)",
@@ -582,7 +640,7 @@ impl Inner {
             meta.extend_from_slice(&i.to_be_bytes());
             meta.extend_from_slice(h);
         }
-        self.store.write_meta(PRUNED, &meta).map_err(io_err)?;
+        self.store.write_meta(PRUNED, &meta, true).map_err(io_err)?;
         self.kept = indexes.into_iter().zip(hashes).collect();
         self.first = first;
         let gone: Vec<u64> = self.seg_bytes.range(..=seg).map(|(s, _)| *s).collect();

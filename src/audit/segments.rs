@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Entries per segment (a power of two, so that a pruned prefix ends on a
@@ -35,10 +35,26 @@ pub(crate) trait Segments: Send {
     fn remove(&mut self, seg: u64) -> io::Result<()>;
     /// Makes what was appended durable.
     fn sync(&mut self) -> io::Result<()>;
+    /// What makes what was appended so far durable, to run without the
+    /// log's lock (`None`: nothing to do).
+    fn syncer(&self) -> io::Result<Option<Syncer>>;
     /// A small named file, if present.
     fn read_meta(&self, name: &str) -> io::Result<Option<Vec<u8>>>;
-    /// Replaces a small named file, atomically and durably.
-    fn write_meta(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
+    /// Replaces a small named file, atomically (and durably when asked).
+    fn write_meta(&mut self, name: &str, data: &[u8], durable: bool) -> io::Result<()>;
+}
+
+/// Syncs files opened for appending, apart from the log.
+pub(crate) struct Syncer(Vec<File>);
+
+impl Syncer {
+    /// Syncs them.
+    pub(crate) fn sync(self) -> io::Result<()> {
+        for f in &self.0 {
+            f.sync_data()?;
+        }
+        Ok(())
+    }
 }
 
 /// Segments as files in a directory.
@@ -69,7 +85,19 @@ impl DirSegments {
 
     fn files(&mut self, seg: u64) -> io::Result<&mut (u64, File, File)> {
         if self.open.as_ref().is_none_or(|(s, _, _)| *s != seg) {
-            let open = |p: PathBuf| OpenOptions::new().create(true).append(true).open(p);
+            // A segment left is made durable as it is left, so a later
+            // sync of the open one covers everything before it.
+            if let Some((_, e, h)) = self.open.take() {
+                e.sync_data()?;
+                h.sync_data()?;
+            }
+            let open = |p: PathBuf| {
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o600)
+                    .open(p)
+            };
             let entries = open(self.path(seg, "log"))?;
             let hashes = open(self.path(seg, "hash"))?;
             self.open = Some((seg, entries, hashes));
@@ -142,6 +170,7 @@ impl Segments for DirSegments {
                 .create(true)
                 .truncate(false)
                 .write(true)
+                .mode(0o600)
                 .open(self.path(seg, ext))?;
             f.set_len(len)?;
             f.sync_all()?;
@@ -167,17 +196,34 @@ impl Segments for DirSegments {
         Ok(())
     }
 
+    fn syncer(&self) -> io::Result<Option<Syncer>> {
+        match &self.open {
+            Some((_, e, h)) => Ok(Some(Syncer(vec![e.try_clone()?, h.try_clone()?]))),
+            None => Ok(None),
+        }
+    }
+
     fn read_meta(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         missing_is_none(std::fs::read(self.dir.join(name)))
     }
 
-    fn write_meta(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+    fn write_meta(&mut self, name: &str, data: &[u8], durable: bool) -> io::Result<()> {
         let tmp = self.dir.join(format!("{name}.tmp"));
-        let mut f = File::create(&tmp)?;
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(data)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, self.dir.join(name))?;
-        File::open(&self.dir)?.sync_all()
+        if durable {
+            File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
     }
 }
 
@@ -236,11 +282,15 @@ impl Segments for MemorySegments {
         Ok(())
     }
 
+    fn syncer(&self) -> io::Result<Option<Syncer>> {
+        Ok(None)
+    }
+
     fn read_meta(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         Ok(self.meta.get(name).cloned())
     }
 
-    fn write_meta(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+    fn write_meta(&mut self, name: &str, data: &[u8], _durable: bool) -> io::Result<()> {
         self.meta.insert(name.to_owned(), data.to_vec());
         Ok(())
     }

@@ -166,11 +166,16 @@ fn open_audit(
         ),
         _ => Box::<crate::audit::segments::MemorySegments>::default(),
     };
+    // In memory, the log keeps at most 16 MiB whatever the budget.
+    let budget = match dir {
+        Some(_) => limits.audit_max_bytes,
+        None => limits.audit_max_bytes.min(16 << 20),
+    };
     AuditLog::open(
         segments,
         &keypair.secret_bytes(),
         &keypair.public(),
-        limits.audit_max_bytes,
+        budget,
         limits.audit,
     )
     .map_err(|e| NodeError::Config(format!("the audit log: {e}")))

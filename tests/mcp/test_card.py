@@ -53,7 +53,7 @@ async def test_ctl_card_is_a_valid_a2a_card(cluster: Cluster) -> None:
     assert list(skills["app.agent/echo"].input_modes) == ["application/json"]
     (ext,) = parsed.capabilities.extensions
     params = MessageToDict(ext.params)
-    assert params["wireVersion"] == 2
+    assert params["wireVersion"] == 3
     assert params["appId"] == "capwire.node" and params["nodeName"] == "alpha"
     verbs = params["verbs"]
     assert verbs["app.agent/work"]["kind"] == "task"

@@ -3,9 +3,11 @@
 //! for the node (a smaller size, another root at the same size, or a
 //! consistency proof that fails is a rewritten log: exit code 9), and with
 //! `--entries` checks every kept entry against the checkpoint. The last
-//! verified checkpoint of each node is kept in `audit/<node id>.note` in
-//! the control plane's state directory.
+//! verified checkpoint of each node is kept in `checkpoints/<node id>.note` in
+//! the control plane's state directory (its own node's audit log is
+//! beside it, in `audit/`).
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -72,7 +74,7 @@ fn mth(leaves: &[Hash]) -> Hash {
 
 impl Ctx {
     fn audit_file(&self, id: &NodeId) -> PathBuf {
-        self.dir().join("audit").join(format!("{id}.note"))
+        self.dir().join("checkpoints").join(format!("{id}.note"))
     }
 
     /// `ctl audit PEER [--entries] [--dump FILE]`.
@@ -144,6 +146,8 @@ impl Ctx {
                 "unchanged"
             }
             Some((_, old)) if old.size == 0 => "consistent",
+            // No proof joins a size the node has pruned past (WIRE.md 5.6).
+            Some((_, old)) if old.size < reply.pruned => "pruned past the last check",
             Some((_, old)) => {
                 let proof = session
                     .request_within(
@@ -201,9 +205,12 @@ impl Ctx {
             .await?;
         }
         // Only a checked checkpoint is kept.
-        let dir = self.dir().join("audit");
+        let dir = self.dir().join("checkpoints");
         let leaf = format!("{}.note", entry.node_id);
-        std::fs::create_dir_all(&dir)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
             .and_then(|()| {
                 capwire::files::write_private(&dir, &leaf, reply.note.as_bytes(), Replace::Always)
             })
