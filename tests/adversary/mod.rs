@@ -8,6 +8,7 @@ pub mod cbor;
 pub mod forge;
 pub mod wire;
 
+pub mod audit;
 pub mod bind;
 pub mod bounds;
 pub mod chokepoint;

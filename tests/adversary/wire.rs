@@ -50,6 +50,19 @@ pub enum Speaks {
     V2,
     /// Protocol 2, and a stream verb of its own (`app.evil/feed`).
     V2WithStreams,
+    /// Protocol 3 (`core.protocol` 3.0.0), no stream verb of its own.
+    V3,
+}
+
+impl Speaks {
+    /// The highest protocol version it speaks.
+    pub fn max(self) -> u32 {
+        match self {
+            Self::V1 => 1,
+            Self::V2 | Self::V2WithStreams => 2,
+            Self::V3 => 3,
+        }
+    }
 }
 
 /// The peer's whole manifest for `id`.
@@ -65,7 +78,8 @@ pub fn peer_manifest(id: NodeId, speaks: Speaks) -> Manifest {
         },
     )
     .core_capability(
-        Capability::new(CORE_PROTOCOL, Version::new(2, 0, 0)).verb::<ProtocolVersions>(()),
+        Capability::new(CORE_PROTOCOL, Version::new(u64::from(speaks.max()), 0, 0))
+            .verb::<ProtocolVersions>(()),
     );
     if speaks == Speaks::V2WithStreams {
         b = b.capability(Capability::new("app.evil", Version::new(1, 0, 0)).verb::<Feed>(()));
@@ -326,22 +340,22 @@ impl Wire {
             }
             None => return false,
         };
-        let v2 = speaks != Speaks::V1 && m.protocol() >= PROTOCOL_V2;
+        let version = speaks.max().min(m.protocol());
         let partial = m.is_partial_view();
         self.node_manifest = Some(m);
-        if !v2 {
+        if version < PROTOCOL_V2 {
             return true;
         }
-        self.version = PROTOCOL_V2;
+        self.version = version;
         if first.is_partial_view() {
-            self.send(&[&hello_record_of(&whole, PROTOCOL_V2)]).await;
+            self.send(&[&hello_record_of(&whole, version)]).await;
         }
         if partial {
             match self.next(Duration::from_secs(10)).await {
                 Some(Frame::Hello(h)) => {
                     assert_eq!(
-                        h.protocol, PROTOCOL_V2,
-                        "the whole manifest names protocol 2"
+                        h.protocol, version,
+                        "the manifest of the session's version names it"
                     );
                     let m: Manifest = h.manifest.decode().unwrap();
                     assert_eq!(m.node_id, self.node);
