@@ -25,7 +25,7 @@
 //! the calls per run, `CAPWIRE_BENCH_ENTRIES` the entries of `tree`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use capwire::manifest::{AuditCheckpoint, AuditProve, NoArgs, ProtocolVersions, ProveArgs, verb};
 use capwire::{Capability, HandlerError, Limits, Node, Peer};
