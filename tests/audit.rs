@@ -339,7 +339,16 @@ async fn a_flood_of_denied_calls_keeps_the_log_within_its_budget() {
         denied += f.await.unwrap();
     }
     assert_eq!(denied, 16_000);
-    let stats = node.audit_stats();
+    // Pruning runs beside the calls: within moments the log is back
+    // within its budget.
+    let mut stats = node.audit_stats();
+    for _ in 0..100 {
+        if stats.bytes <= capwire::MIN_AUDIT_BUDGET {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stats = node.audit_stats();
+    }
     assert!(stats.entries > 16_000, "{stats:?}");
     assert!(stats.bytes <= capwire::MIN_AUDIT_BUDGET, "{stats:?}");
     assert!(

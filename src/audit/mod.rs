@@ -112,6 +112,10 @@ pub(crate) struct AuditLog {
     recorded: AtomicU64,
     /// Off (`Limits::audit`): nothing is recorded.
     on: bool,
+    /// A task prunes when told ([`AuditLog::pruner`] runs); without
+    /// one, `flush` prunes itself.
+    pruner: AtomicBool,
+    prune_wanted: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -262,6 +266,8 @@ impl AuditLog {
             vkey,
             recorded: AtomicU64::new(0),
             on,
+            pruner: AtomicBool::new(false),
+            prune_wanted: tokio::sync::Notify::new(),
         };
         if !on {
             return Ok(log);
@@ -367,8 +373,31 @@ impl AuditLog {
         }
         if g.bytes > g.budget {
             drop(g);
-            self.prune();
+            if self.pruner.load(Ordering::Relaxed) {
+                // Pruning syncs files: not on the path of an answer.
+                self.prune_wanted.notify_one();
+            } else {
+                self.prune();
+            }
         }
+    }
+
+    /// Prunes whenever the log goes over its budget, on a blocking
+    /// thread, until `stop`.
+    pub(crate) async fn pruner(
+        self: std::sync::Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        self.pruner.store(true, Ordering::Relaxed);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = self.prune_wanted.notified() => {}
+            }
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.prune()).await;
+        }
+        self.pruner.store(false, Ordering::Relaxed);
     }
 
     /// Writes every pending entry; the hashes too when `all` asks or

@@ -37,20 +37,30 @@ pub(crate) trait Segments: Send {
     fn sync(&mut self) -> io::Result<()>;
     /// What makes what was appended so far durable, to run without the
     /// log's lock (`None`: nothing to do).
-    fn syncer(&self) -> io::Result<Option<Syncer>>;
+    fn syncer(&mut self) -> io::Result<Option<Syncer>>;
     /// A small named file, if present.
     fn read_meta(&self, name: &str) -> io::Result<Option<Vec<u8>>>;
     /// Replaces a small named file, atomically (and durably when asked).
     fn write_meta(&mut self, name: &str, data: &[u8], durable: bool) -> io::Result<()>;
 }
 
-/// Syncs files opened for appending, apart from the log.
-pub(crate) struct Syncer(Vec<File>);
+/// Syncs what was appended, apart from the log's lock: the open
+/// segment's files, and those of the segments left since the last sync
+/// (by path; one pruned meanwhile is gone, and nothing to sync).
+pub(crate) struct Syncer {
+    files: Vec<File>,
+    paths: Vec<PathBuf>,
+}
 
 impl Syncer {
     /// Syncs them.
     pub(crate) fn sync(self) -> io::Result<()> {
-        for f in &self.0 {
+        for p in &self.paths {
+            if let Some(f) = missing_is_none(File::open(p))? {
+                f.sync_data()?;
+            }
+        }
+        for f in &self.files {
             f.sync_data()?;
         }
         Ok(())
@@ -62,6 +72,9 @@ pub(crate) struct DirSegments {
     dir: PathBuf,
     /// The segment being appended to, with its files open.
     open: Option<(u64, File, File)>,
+    /// Segments left since the last sync: the next sync (or syncer)
+    /// covers them too.
+    left: Vec<u64>,
 }
 
 impl DirSegments {
@@ -76,6 +89,7 @@ impl DirSegments {
         Ok(Self {
             dir: dir.to_path_buf(),
             open: None,
+            left: Vec::new(),
         })
     }
 
@@ -85,11 +99,10 @@ impl DirSegments {
 
     fn files(&mut self, seg: u64) -> io::Result<&mut (u64, File, File)> {
         if self.open.as_ref().is_none_or(|(s, _, _)| *s != seg) {
-            // A segment left is made durable as it is left, so a later
-            // sync of the open one covers everything before it.
-            if let Some((_, e, h)) = self.open.take() {
-                e.sync_data()?;
-                h.sync_data()?;
+            // A segment left is synced with the next sync (not here: this
+            // runs on the path of a call's answer).
+            if let Some((s, _, _)) = self.open.take() {
+                self.left.push(s);
             }
             let open = |p: PathBuf| {
                 OpenOptions::new()
@@ -189,18 +202,22 @@ impl Segments for DirSegments {
     }
 
     fn sync(&mut self) -> io::Result<()> {
-        if let Some((_, e, h)) = &self.open {
-            e.sync_data()?;
-            h.sync_data()?;
+        match self.syncer()? {
+            Some(s) => s.sync(),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    fn syncer(&self) -> io::Result<Option<Syncer>> {
-        match &self.open {
-            Some((_, e, h)) => Ok(Some(Syncer(vec![e.try_clone()?, h.try_clone()?]))),
-            None => Ok(None),
+    fn syncer(&mut self) -> io::Result<Option<Syncer>> {
+        let mut paths = Vec::new();
+        for s in std::mem::take(&mut self.left) {
+            paths.extend([self.path(s, "log"), self.path(s, "hash")]);
         }
+        let mut files = Vec::new();
+        if let Some((_, e, h)) = &self.open {
+            files.extend([e.try_clone()?, h.try_clone()?]);
+        }
+        Ok((!files.is_empty() || !paths.is_empty()).then_some(Syncer { files, paths }))
     }
 
     fn read_meta(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
@@ -282,7 +299,7 @@ impl Segments for MemorySegments {
         Ok(())
     }
 
-    fn syncer(&self) -> io::Result<Option<Syncer>> {
+    fn syncer(&mut self) -> io::Result<Option<Syncer>> {
         Ok(None)
     }
 

@@ -526,6 +526,8 @@ impl Runtime {
         self.tracker
             .spawn(cluster::release_loop(self.core.clone(), stop.clone()));
         self.tracker.spawn(self.tasks.clone().run(stop.clone()));
+        self.tracker
+            .spawn(self.core.audit.clone().pruner(stop.clone()));
         self.tracker.spawn(core_tasks::push_loop(
             self.core.clone(),
             self.tasks.clone(),
