@@ -108,6 +108,17 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// Where record `n` of an entries file starts (each record is a 4-byte
+/// length and the entry).
+fn start_of(file: &[u8], n: usize) -> usize {
+    let mut at = 0;
+    for _ in 0..n {
+        let len = u32::from_be_bytes(file[at..at + 4].try_into().unwrap()) as usize;
+        at += 4 + len;
+    }
+    at
+}
+
 fn segment(state: &Path) -> PathBuf {
     state.join("audit").join("000000000000.log")
 }
@@ -187,6 +198,15 @@ fn a_control_plane_detects_a_log_changed_rolled_back_or_forked() {
     let (code, out) = audit(&cp, None);
     assert_eq!(code, 9, "a changed entry is a rewritten log: {out}");
     assert!(out.contains("rewritten"), "{out}");
+    drop(node);
+    // An entry taken out: what follows moves up, and no longer makes the
+    // signed root either.
+    let mut cut = clean[..start_of(&clean, 2)].to_vec();
+    cut.extend_from_slice(&clean[start_of(&clean, 3)..]);
+    std::fs::write(&seg, &cut).unwrap();
+    let node = start(&state, &listen);
+    let (code, out) = audit(&cp, None);
+    assert_eq!(code, 9, "a removed entry is a rewritten log: {out}");
     drop(node);
     std::fs::write(&seg, &clean).unwrap();
 
@@ -371,4 +391,178 @@ async fn a_flood_of_denied_calls_keeps_the_log_within_its_budget() {
     assert_eq!(v.versions, [1, 2, 3]);
     client.shutdown().await;
     node.shutdown().await;
+}
+
+capwire::manifest::verb! { /** Echo, its args kept in the log. */
+pub struct Kept: request "app.kept" / "echo", Bootstrap, String => String; }
+capwire::manifest::verb! { /** Echo, its args only digested. */
+pub struct Plain: request "app.plain" / "echo", Bootstrap, String => String; }
+capwire::manifest::verb! { /** A task that answers its args. */
+pub struct Job: task "app.plain" / "job", Bootstrap, String => String; }
+
+async fn echo(s: String) -> Result<String, capwire::HandlerError> {
+    Ok(s)
+}
+
+async fn job(s: String, _task: capwire::Task) -> Result<String, capwire::HandlerError> {
+    Ok(s)
+}
+
+/// The entries `[0, size)` as maps, read through `core.audit/entries`.
+async fn read_entries(cp: &capwire::Peer) -> Vec<Vec<(String, ciborium::Value)>> {
+    use capwire::manifest::{AuditCheckpoint, AuditEntries, EntriesArgs, NoArgs};
+    let size = cp.request(AuditCheckpoint, NoArgs {}).await.unwrap().size;
+    let mut stream = cp
+        .stream(AuditEntries, EntriesArgs { from: 0, to: size })
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while let Some(item) = stream.next().await {
+        let item = item.unwrap();
+        let v: ciborium::Value = ciborium::from_reader(hex(&item.entry).as_slice()).unwrap();
+        out.push(
+            v.as_map()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.as_text().unwrap().to_owned(), v.clone()))
+                .collect(),
+        );
+    }
+    assert_eq!(out.len() as u64, size);
+    out
+}
+
+fn field<'a>(e: &'a [(String, ciborium::Value)], k: &str) -> Option<&'a ciborium::Value> {
+    e.iter().find(|(key, _)| key == k).map(|(_, v)| v)
+}
+
+fn text_of(e: &[(String, ciborium::Value)], k: &str) -> Option<String> {
+    field(e, k).and_then(|v| v.as_text().map(str::to_owned))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_decision_and_change_is_an_entry() {
+    use capwire::grants::Right;
+    use capwire::manifest::{GetConfig, NoArgs};
+    let node = Node::builder("audited")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .capability(
+            capwire::Capability::new("app.kept", "1.0.0")
+                .unwrap()
+                .audit_args(true)
+                .handle(Kept, echo),
+        )
+        .capability(
+            capwire::Capability::new("app.plain", "1.0.0")
+                .unwrap()
+                .handle(Plain, echo)
+                .task(Job, job),
+        )
+        .start()
+        .await
+        .unwrap();
+    let addr = node.local_addrs()[0].clone();
+    let cp_node = Node::builder("cp").start().await.unwrap();
+    let cp = cp_node
+        .connect_invite(&node.invite(Some(cp_node.id())).unwrap())
+        .await
+        .unwrap()
+        .0;
+    let worker = Node::builder("worker").start().await.unwrap();
+    let from_worker = worker.connect(&addr, Some(node.id())).await.unwrap();
+    // A stranger's controller call: denied.
+    assert!(from_worker.request(GetConfig, NoArgs {}).await.is_err());
+    // Calls whose args are kept, and not.
+    from_worker.request(Kept, "keep me".into()).await.unwrap();
+    from_worker
+        .request(Plain, "digest me".into())
+        .await
+        .unwrap();
+    // A task, to its end.
+    let task = from_worker.submit(Job, "work".into()).await.unwrap();
+    assert_eq!(task.result().await.unwrap(), "work");
+    // A grant presented, used, revoked.
+    let token = cp_node
+        .grant(
+            &cp,
+            worker.id(),
+            worker.grant_key(),
+            vec![Right::verb("core.configuration", "get_config")],
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    let grant = from_worker.present(&token).await.unwrap().grant;
+    from_worker.request(GetConfig, NoArgs {}).await.unwrap();
+    cp.revoke_grant(&grant).await.unwrap();
+
+    let entries = read_entries(&cp).await;
+    let find = |what: &dyn Fn(&[(String, ciborium::Value)]) -> bool| {
+        entries.iter().find(|e| what(e)).cloned()
+    };
+    let kind = |e: &[(String, ciborium::Value)], k: &str| text_of(e, "k").as_deref() == Some(k);
+    assert!(kind(&entries[0], "open"), "the log begins with its opening");
+    let bound = find(&|e| kind(e, "bind")).expect("the bind");
+    assert_eq!(text_of(&bound, "detail").as_deref(), Some("bound"));
+    let denied =
+        find(&|e| kind(e, "call") && text_of(e, "outcome").as_deref() == Some("unauthorized"))
+            .expect("the denied call");
+    assert_eq!(text_of(&denied, "class").as_deref(), Some("controller"));
+    assert!(
+        field(&denied, "by").is_none(),
+        "a denied call names no authority"
+    );
+    let kept = find(&|e| text_of(e, "cap").as_deref() == Some("app.kept")).expect("the kept call");
+    assert_eq!(
+        field(&kept, "args").and_then(|v| v.as_text()),
+        Some("keep me"),
+        "its args, kept"
+    );
+    let plain = find(&|e| {
+        text_of(e, "verb").as_deref() == Some("echo")
+            && text_of(e, "cap").as_deref() == Some("app.plain")
+    })
+    .expect("the plain call");
+    assert!(field(&plain, "args").is_none(), "only digested");
+    assert_eq!(
+        field(&plain, "arg")
+            .and_then(|v| v.as_bytes())
+            .map(Vec::len),
+        Some(32)
+    );
+    assert_eq!(text_of(&plain, "by").as_deref(), Some("bootstrap"));
+    let states: Vec<String> = entries
+        .iter()
+        .filter(|e| kind(e, "task"))
+        .filter_map(|e| text_of(e, "outcome"))
+        .collect();
+    assert!(
+        states.first().map(String::as_str) == Some("submitted")
+            && states.last().map(String::as_str) == Some("completed"),
+        "the task's states: {states:?}"
+    );
+    let presented =
+        find(&|e| kind(e, "grant") && text_of(e, "detail").as_deref() == Some("presented"))
+            .expect("the grant presented");
+    assert_eq!(
+        text_of(&presented, "grant").as_deref(),
+        Some(grant.as_str())
+    );
+    let delegated = find(&|e| kind(e, "call") && text_of(e, "by").as_deref() == Some("grant"))
+        .expect("the call a grant let through");
+    assert_eq!(
+        text_of(&delegated, "grant").as_deref(),
+        Some(grant.as_str())
+    );
+    assert_eq!(text_of(&delegated, "outcome").as_deref(), Some("ok"));
+    let revoked = find(&|e| kind(e, "grant") && text_of(e, "detail").as_deref() == Some("revoked"))
+        .expect("the revocation");
+    assert_eq!(text_of(&revoked, "grant").as_deref(), Some(grant.as_str()));
+    let by_cp =
+        find(&|e| text_of(e, "verb").as_deref() == Some("revoke")).expect("the revoke call");
+    assert_eq!(text_of(&by_cp, "by").as_deref(), Some("control_plane"));
+    assert!(field(&by_cp, "epoch").is_some(), "with its binding epoch");
+    for n in [worker, cp_node, node] {
+        n.shutdown().await;
+    }
 }

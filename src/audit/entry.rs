@@ -65,6 +65,8 @@ pub(crate) struct Entry<'a> {
     pub(crate) args: Option<[u8; 32]>,
     pub(crate) cap: Option<&'a str>,
     pub(crate) req: Option<&'a str>,
+    /// The args item itself, where its capability keeps them.
+    pub(crate) args_kept: Option<&'a [u8]>,
     pub(crate) peer: Option<&'a NodeId>,
     pub(crate) verb: Option<&'a str>,
     pub(crate) class: Option<&'a str>,
@@ -83,6 +85,7 @@ impl<'a> Entry<'a> {
             args: None,
             cap: None,
             req: None,
+            args_kept: None,
             peer: None,
             verb: None,
             class: None,
@@ -100,6 +103,7 @@ impl<'a> Entry<'a> {
             + usize::from(self.args.is_some())
             + usize::from(self.cap.is_some())
             + usize::from(self.req.is_some())
+            + usize::from(self.args_kept.is_some())
             + usize::from(self.peer.is_some())
             + usize::from(self.verb.is_some())
             + usize::from(self.class.is_some())
@@ -129,6 +133,11 @@ impl<'a> Entry<'a> {
         if let Some(v) = self.req {
             text(out, "req");
             text(out, v);
+        }
+        if let Some(a) = self.args_kept {
+            // The args item as received (strict CBOR, validated).
+            text(out, "args");
+            out.extend_from_slice(a);
         }
         if let Some(p) = self.peer {
             text(out, "peer");
@@ -204,6 +213,7 @@ mod tests {
         e.args = Some([1; 32]);
         e.cap = Some("app.echo");
         e.req = Some("r1");
+        e.args_kept = Some(&[0x82, 0x01, 0x61, b'x']);
         e.peer = Some(&peer);
         e.verb = Some("say");
         e.class = Some("controller");
@@ -219,7 +229,7 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "i", "k", "t", "by", "arg", "cap", "req", "peer", "verb", "class", "epoch",
+                "i", "k", "t", "by", "arg", "cap", "req", "args", "peer", "verb", "class", "epoch",
                 "grant", "detail", "outcome"
             ]
         );
@@ -230,8 +240,8 @@ mod tests {
         capwire_envelope::RawValue::from_slice(&out).unwrap();
         assert_eq!(
             out[..4],
-            [0xae, 0x61, b'i', 0x1a],
-            "14 keys; i = 70000 in 4 bytes"
+            [0xaf, 0x61, b'i', 0x1a],
+            "15 keys; i = 70000 in 4 bytes"
         );
     }
 }

@@ -116,6 +116,8 @@ pub(crate) struct AuditLog {
     /// one, `flush` prunes itself.
     pruner: AtomicBool,
     prune_wanted: tokio::sync::Notify,
+    /// Capabilities whose calls' args are kept (`Capability::audit_args`).
+    keep_args: std::sync::OnceLock<Vec<String>>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -268,6 +270,7 @@ impl AuditLog {
             on,
             pruner: AtomicBool::new(false),
             prune_wanted: tokio::sync::Notify::new(),
+            keep_args: std::sync::OnceLock::new(),
         };
         if !on {
             return Ok(log);
@@ -298,6 +301,22 @@ impl AuditLog {
     /// The verifier key of the log's checkpoints (signed-note key text).
     pub(crate) fn verifier_key(&self) -> &str {
         &self.vkey
+    }
+
+    /// Keeps the args of the calls of `caps` (set once, when the node is
+    /// built).
+    pub(crate) fn keep_args_of(&self, caps: impl Iterator<Item = String>) {
+        let caps: Vec<String> = caps.collect();
+        if !caps.is_empty() {
+            let _ = self.keep_args.set(caps);
+        }
+    }
+
+    /// Whether the calls of `cap` keep their args.
+    pub(crate) fn keeps_args(&self, cap: &str) -> bool {
+        self.keep_args
+            .get()
+            .is_some_and(|c| c.iter().any(|k| k == cap))
     }
 
     /// Whether it records anything (`Limits::audit`).

@@ -212,6 +212,7 @@ impl Dispatcher {
         e.verb = Some(c.verb);
         e.req = (!c.req_id.is_fire_and_forget()).then(|| c.req_id.as_str());
         e.args = Some(digest(c.args));
+        e.args_kept = self.audit.keeps_args(c.cap).then_some(c.args);
         e.class = Some(class);
         e.outcome = Some(outcome);
         if let Some(p) = by {
@@ -233,6 +234,10 @@ impl Dispatcher {
         e.verb = Some(info.verb().as_str());
         e.req = job.is_request().then(|| job.req_id.as_str());
         e.args = Some(digest(job.args.as_bytes()));
+        e.args_kept = self
+            .audit
+            .keeps_args(info.cap().as_str())
+            .then(|| job.args.as_bytes());
         e.class = Some(job.permit.class().as_str());
         authority(&job.permit, &mut e);
         e.outcome = Some(match result {

@@ -39,6 +39,8 @@ use crate::node::runtime::Parts;
 /// ```
 pub struct Capability {
     pub(crate) inner: capwire_manifest::Capability<RouteHandler>,
+    /// The audit log keeps its calls' args, not only their digest.
+    pub(crate) audit_args: bool,
 }
 
 impl std::fmt::Debug for Capability {
@@ -60,12 +62,29 @@ impl Capability {
             .map_err(|e| NodeError::Config(format!("capability {id}: bad version: {e}")))?;
         Ok(Self {
             inner: capwire_manifest::Capability::new(id, version),
+            audit_args: false,
         })
     }
 
     /// The capability id as given.
     pub fn id(&self) -> &str {
         self.inner.id()
+    }
+
+    /// Keeps the args of this capability's calls in the node's audit log
+    /// (WIRE.md 5.6: the entry's `args`), not only their BLAKE2s digest.
+    /// Off by default: args may hold what the log should not keep, and
+    /// they make the log grow by their size.
+    ///
+    /// ```
+    /// let cap = capwire::Capability::new("app.ledger", "1.0.0")
+    ///     .unwrap()
+    ///     .audit_args(true);
+    /// # let _ = cap;
+    /// ```
+    pub fn audit_args(mut self, keep: bool) -> Self {
+        self.audit_args = keep;
+        self
     }
 
     /// Describes the capability's configuration (opaque text).
@@ -646,6 +665,12 @@ impl NodeBuilder {
             description: self.description,
             keypair: self.keypair,
             policy: self.policy,
+            audit_args: self
+                .caps
+                .iter()
+                .filter(|c| c.audit_args)
+                .map(|c| c.id().to_owned())
+                .collect(),
             caps: self.caps.into_iter().map(|c| c.inner).collect(),
             limits: self.limits,
             transport: self.transport,

@@ -67,6 +67,8 @@ pub(crate) struct Parts {
     pub(crate) keypair: Option<Keypair>,
     pub(crate) policy: ContactPolicy,
     pub(crate) caps: Vec<capwire_manifest::Capability<RouteHandler>>,
+    /// The capabilities whose args the audit log keeps.
+    pub(crate) audit_args: Vec<String>,
     pub(crate) limits: Limits,
     pub(crate) transport: TransportConfig,
     pub(crate) extensions: Extensions,
@@ -205,6 +207,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     ));
     let limits = p.limits;
     let audit = Arc::new(open_audit(dir.as_deref(), &keypair, &limits)?);
+    audit.keep_args_of(p.audit_args.iter().cloned());
 
     let mut info = NodeInfo::new(id, p.app_id).with_description(p.description);
     if let Some(name) = p.name {

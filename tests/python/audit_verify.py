@@ -99,15 +99,15 @@ def _item(data, pos, depth):
 
 # ---------------------------------------------------------------- 5.6 entries
 
-UINT, TEXT, B32 = "an unsigned integer", "text", "a 32-byte byte string"
+UINT, TEXT, B32, ITEM = "an unsigned integer", "text", "a 32-byte byte string", "any data item"
 # 5.6's table, in its order, which is also length-then-byte order (the self-test checks).
 ENTRY_KEYS = {"i": UINT, "k": TEXT, "t": UINT, "by": TEXT, "arg": B32, "cap": TEXT,
-              "req": TEXT, "peer": B32, "verb": TEXT, "class": TEXT, "epoch": UINT,
+              "req": TEXT, "args": ITEM, "peer": B32, "verb": TEXT, "class": TEXT, "epoch": UINT,
               "grant": TEXT, "detail": TEXT, "outcome": TEXT}
 KEY_ORDER = list(ENTRY_KEYS)
 # 5.6's bullet list: per kind, the keys it must have and those it may have, besides i, k, t.
 KINDS = {
-    "call": ({"peer", "cap", "verb", "arg", "class", "outcome"}, {"req", "by", "epoch", "grant"}),
+    "call": ({"peer", "cap", "verb", "arg", "class", "outcome"}, {"req", "args", "by", "epoch", "grant"}),
     "bind": ({"peer", "epoch", "detail"}, set()),
     "grant": ({"detail", "epoch", "grant"}, {"peer"}),
     "task": ({"peer", "cap", "verb", "detail", "outcome"}, set()),
@@ -147,7 +147,7 @@ def check_entry(data, index):
     for k, v in e.items():
         want = ENTRY_KEYS[k]
         if not {UINT: type(v) is int and v >= 0, TEXT: type(v) is str,
-                B32: type(v) is bytes and len(v) == 32}[want]:
+                B32: type(v) is bytes and len(v) == 32, ITEM: True}[want]:
             return f"`{k}` is not {want}: {v.hex() if isinstance(v, bytes) else repr(v)}"
     for k in ("i", "k", "t"):
         if k not in e:
