@@ -28,7 +28,7 @@
 //! | Nonce counter near 2^64-1 (test hook) | `nonce_exhaustion` (the node started with the transport's start_nonce_for_testing hook) | `item05_*` |
 //! | Peer cuts the stream without a close record | `peer_cut_mid_request`, `truncated_message_then_end_of_stream` | `item06_*`, tests/calls.rs |
 //! | Prologue or protocol-name mismatch | `prologue_or_protocol_name_mismatch` | `item07_*` |
-//! | An older peer, or a hello that claims less than it shows (protocol 3, the audit log) | `a_version_2_control_plane_never_sees_core_audit`, `a_version_3_stranger_is_refused_the_audit_log`, `a_hello_showing_core_audit_under_protocol_2` | tests/audit.rs (tampering, crash, flood), tests/python_peer.rs (a version-2 peer from WIRE.md) |
+//! | An older peer, or a hello that claims less than it shows (protocol 3, the audit log) | `a_version_2_control_plane_never_sees_core_audit`, `a_version_3_stranger_is_refused_the_audit_log`, `a_hello_showing_core_audit_under_protocol_2`, `a_trace_context_never_costs_a_call` | tests/audit.rs (tampering, crash, flood), tests/python_peer.rs (a version-2 peer from WIRE.md) |
 //! | Out-of-turn, repeated, short or long handshake messages | `handshake_messages_out_of_turn_repeated_short_long`, `replayed_and_reflected_handshakes`, `requests_before_a_valid_hello` (frames out of turn after it) | `item08_*` |
 //! | Low-order remote ephemeral or static key, all points and encodings | `low_order_ephemeral_keys`, `low_order_static_keys` (forged handshakes, both roles, with a genuine-key control) | `item09_*`, transport/src/handshake.rs unit tests |
 //! | Static key unknown to the contact policy, our own, or bit 255 flipped | `static_keys_judged_in_canonical_form` | `item10_*` |
@@ -215,6 +215,8 @@ attacks! {
         => audit::a_version_3_stranger_is_refused_the_audit_log;
     real a_hello_showing_core_audit_under_protocol_2(Setup::tcp())
         => audit::a_hello_showing_core_audit_under_protocol_2;
+    real a_trace_context_never_costs_a_call(Setup::tcp())
+        => audit::a_trace_context_never_costs_a_call;
 
     // The bind ceremony.
     real bind_wrong_code_three_times(Setup::tcp()) => bind::bind_wrong_code_three_times;

@@ -408,8 +408,11 @@ async fn job(s: String, _task: capwire::Task) -> Result<String, capwire::Handler
     Ok(s)
 }
 
+/// One key and value of an entry.
+type Field = (String, ciborium::Value);
+
 /// The entries `[0, size)` as maps, read through `core.audit/entries`.
-async fn read_entries(cp: &capwire::Peer) -> Vec<Vec<(String, ciborium::Value)>> {
+async fn read_entries(cp: &capwire::Peer) -> Vec<Vec<Field>> {
     use capwire::manifest::{AuditCheckpoint, AuditEntries, EntriesArgs, NoArgs};
     let size = cp.request(AuditCheckpoint, NoArgs {}).await.unwrap().size;
     let mut stream = cp
@@ -436,7 +439,7 @@ fn field<'a>(e: &'a [(String, ciborium::Value)], k: &str) -> Option<&'a ciborium
     e.iter().find(|(key, _)| key == k).map(|(_, v)| v)
 }
 
-fn text_of(e: &[(String, ciborium::Value)], k: &str) -> Option<String> {
+fn text_of(e: &[Field], k: &str) -> Option<String> {
     field(e, k).and_then(|v| v.as_text().map(str::to_owned))
 }
 
@@ -497,10 +500,8 @@ async fn every_kind_of_decision_and_change_is_an_entry() {
     cp.revoke_grant(&grant).await.unwrap();
 
     let entries = read_entries(&cp).await;
-    let find = |what: &dyn Fn(&[(String, ciborium::Value)]) -> bool| {
-        entries.iter().find(|e| what(e)).cloned()
-    };
-    let kind = |e: &[(String, ciborium::Value)], k: &str| text_of(e, "k").as_deref() == Some(k);
+    let find = |what: &dyn Fn(&[Field]) -> bool| entries.iter().find(|e| what(e)).cloned();
+    let kind = |e: &[Field], k: &str| text_of(e, "k").as_deref() == Some(k);
     assert!(kind(&entries[0], "open"), "the log begins with its opening");
     let bound = find(&|e| kind(e, "bind")).expect("the bind");
     assert_eq!(text_of(&bound, "detail").as_deref(), Some("bound"));

@@ -335,6 +335,10 @@ pub struct ControlRef<'a> {
     pub budget_ms: Option<u64>,
     /// The args: one validated data item.
     pub args: &'a [u8],
+    /// *(protocol 3)* The caller's trace context (WIRE.md 2.2): one
+    /// validated data item, not judged here (the receiver's tracing drops
+    /// a malformed one; a session below protocol 3 ignores it).
+    pub trace: Option<&'a [u8]>,
 }
 
 impl ControlRef<'_> {
@@ -498,7 +502,14 @@ impl FrameRef<'_> {
                 Ok(())
             }
             FrameRef::Control(c) => {
-                encode_control(out, c.cap, c.verb, &c.req_id, c.budget_ms, c.args)
+                check_name("cap", c.cap)?;
+                check_name("verb", c.verb)?;
+                validate(c.args).map_err(EncodeError::Profile)?;
+                if let Some(t) = c.trace {
+                    validate(t).map_err(EncodeError::Profile)?;
+                }
+                write_control_traced(out, c.cap, c.verb, &c.req_id, c.budget_ms, c.args, c.trace);
+                Ok(())
             }
             FrameRef::Response(r) => match &r.outcome {
                 Ok(raw) => encode_response_ok(out, &r.req_id, raw),
@@ -635,9 +646,33 @@ fn write_control(
     budget_ms: Option<u64>,
     args: &[u8],
 ) {
+    write_control_traced(out, cap, verb, req_id, budget_ms, args, None);
+}
+
+/// A control frame with (or without) a trace item (protocol 3): only a
+/// received frame carries one yet, when it is encoded again.
+fn write_control_traced(
+    out: &mut Vec<u8>,
+    cap: &str,
+    verb: &str,
+    req_id: &ReqId,
+    budget_ms: Option<u64>,
+    args: &[u8],
+    trace: Option<&[u8]>,
+) {
     let req_id = req_id.as_bytes();
-    out.reserve(CONTROL_OVERHEAD + cap.len() + verb.len() + req_id.len() + args.len());
-    cbor::write_map(out, 5 + usize::from(budget_ms.is_some()));
+    out.reserve(
+        CONTROL_OVERHEAD
+            + cap.len()
+            + verb.len()
+            + req_id.len()
+            + args.len()
+            + trace.map_or(0, |t| t.len() + 6),
+    );
+    cbor::write_map(
+        out,
+        5 + usize::from(budget_ms.is_some()) + usize::from(trace.is_some()),
+    );
     write_type(out, FrameKind::Control);
     cbor::write_text(out, "cap");
     cbor::write_text(out, cap);
@@ -651,6 +686,10 @@ fn write_control(
     }
     cbor::write_text(out, "args");
     out.extend_from_slice(args);
+    if let Some(trace) = trace {
+        cbor::write_text(out, "trace");
+        out.extend_from_slice(trace);
+    }
 }
 
 /// Bytes a control frame needs besides its cap, verb, `req_id` and args (the
@@ -949,10 +988,11 @@ enum Field {
     Item,
     Items,
     Bytes,
+    Trace,
 }
 
 impl Field {
-    const ALL: [Field; 17] = [
+    const ALL: [Field; 18] = [
         Field::Type,
         Field::Cap,
         Field::Verb,
@@ -970,6 +1010,7 @@ impl Field {
         Field::Item,
         Field::Items,
         Field::Bytes,
+        Field::Trace,
     ];
 
     fn name(self) -> &'static str {
@@ -991,6 +1032,7 @@ impl Field {
             Field::Item => "item",
             Field::Items => "items",
             Field::Bytes => "bytes",
+            Field::Trace => "trace",
         }
     }
 
@@ -1013,6 +1055,7 @@ impl Field {
             b"item" => Field::Item,
             b"items" => Field::Items,
             b"bytes" => Field::Bytes,
+            b"trace" => Field::Trace,
             _ => return None,
         })
     }
@@ -1053,6 +1096,7 @@ struct Parts<'a> {
     item: &'a [u8],
     items: u32,
     bytes: u32,
+    trace: Option<&'a [u8]>,
 }
 
 /// Decodes one frame in place: the whole record must be exactly one frame
@@ -1148,6 +1192,7 @@ fn read_field<'a>(
         Field::ReqId => parts.req_id = read_req_id(cur)?,
         Field::BudgetMs => parts.budget_ms = Some(read_uint(cur, "budget_ms")?),
         Field::Args => parts.args = read_item(cur)?,
+        Field::Trace => parts.trace = Some(read_item(cur)?),
         Field::Ok => match cur.head()? {
             Head::Bool(b) => parts.ok = b,
             _ => {
@@ -1194,7 +1239,15 @@ fn assemble(parts: Parts<'_>) -> Result<FrameRef<'_>, DecodeError> {
             (m, m)
         }
         FrameKind::Control => (
-            mask(&[F::Type, F::Cap, F::Verb, F::ReqId, F::BudgetMs, F::Args]),
+            mask(&[
+                F::Type,
+                F::Cap,
+                F::Verb,
+                F::ReqId,
+                F::BudgetMs,
+                F::Args,
+                F::Trace,
+            ]),
             mask(&[F::Type, F::Cap, F::Verb, F::ReqId, F::Args]),
         ),
         FrameKind::Response => {
@@ -1258,6 +1311,7 @@ fn assemble(parts: Parts<'_>) -> Result<FrameRef<'_>, DecodeError> {
             req_id: parts.req_id,
             budget_ms: parts.budget_ms,
             args: parts.args,
+            trace: parts.trace,
         }),
         FrameKind::Response => FrameRef::Response(ResponseRef {
             req_id: parts.req_id,

@@ -2,16 +2,17 @@
 //! older peers: a version-2 peer is never shown `core.audit` and is told
 //! it does not exist, even as the control plane; a version-3 stranger is
 //! refused it, and its refusals are recorded; a hello that shows
-//! `core.audit` under an older protocol ends the session.
+//! `core.audit` under an older protocol ends the session; and a trace
+//! context (protocol 3's other addition) never costs a call.
 
 use capwire::Keypair;
 use capwire::envelope::{CloseCode, ErrorCode};
 
 use crate::kit::arena::{Arena, Expect};
-use crate::kit::cbor::{tmap, uint};
+use crate::kit::cbor::{text, tmap, uint};
 use crate::kit::chokepoint::{ask, bind};
 use crate::kit::wire::{Speaks, hello_record_of, peer_manifest};
-use crate::kit::{closed_with, err_code};
+use crate::kit::{closed_with, err_code, ok_text};
 
 /// A version-2 peer, bound as the control plane: the node's hellos name
 /// protocol 2 and list no `core.audit`; its verbs are `unknown_verb`.
@@ -98,4 +99,54 @@ pub async fn a_hello_showing_core_audit_under_protocol_2(a: Arena) -> Expect {
     )
     .await;
     Expect::nothing()
+}
+
+/// A control frame for `app.adv/echo` carrying `trace` as its trace item.
+fn echo_traced(req_id: &str, trace: Vec<u8>) -> Vec<u8> {
+    tmap(&[
+        ("type", text("control")),
+        ("cap", text("app.adv")),
+        ("verb", text("echo")),
+        ("req_id", text(req_id)),
+        ("args", text("hi")),
+        ("trace", trace),
+    ])
+}
+
+/// The `trace` key (protocol 3, WIRE.md 2.2) on sessions of every
+/// version, well formed or not: the call is served as if it had none, and
+/// the session goes on.
+pub async fn a_trace_context_never_costs_a_call(a: Arena) -> Expect {
+    let good = tmap(&[(
+        "traceparent",
+        text("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    )]);
+    let contexts = [
+        good.clone(),
+        tmap(&[(
+            "traceparent",
+            text("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+        )]),
+        tmap(&[("traceparent", text("nonsense"))]),
+        tmap(&[
+            (
+                "traceparent",
+                text("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            ),
+            ("tracestate", text(&"k=v,".repeat(20))),
+        ]),
+        uint(7),
+    ];
+    let mut runs = 0;
+    for speaks in [Speaks::V1, Speaks::V2, Speaks::V3] {
+        let mut w = a.wire_speaking(&Keypair::generate().unwrap(), speaks).await;
+        for (i, t) in contexts.iter().enumerate() {
+            let id = format!("t{}-{i}", speaks.max());
+            w.send(&[&echo_traced(&id, t.clone())]).await;
+            let r = w.response(&id).await;
+            assert_eq!(ok_text(&r), "echo: hi", "{speaks:?} context {i}: {r:?}");
+            runs += 1;
+        }
+    }
+    Expect::runs(runs)
 }
