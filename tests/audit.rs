@@ -549,6 +549,17 @@ async fn every_kind_of_decision_and_change_is_an_entry() {
         text_of(&presented, "grant").as_deref(),
         Some(grant.as_str())
     );
+    let chain: Vec<Vec<u8>> = field(&presented, "holders")
+        .and_then(|v| v.as_array())
+        .expect("the chain of holders")
+        .iter()
+        .map(|k| k.as_bytes().unwrap().clone())
+        .collect();
+    assert_eq!(
+        chain,
+        [worker.id().as_bytes().to_vec()],
+        "minted for the worker, no hand-on"
+    );
     let delegated = find(&|e| kind(e, "call") && text_of(e, "by").as_deref() == Some("grant"))
         .expect("the call a grant let through");
     assert_eq!(

@@ -572,6 +572,9 @@ pub fn revocation_ids(token: &str) -> Result<Vec<String>, GrantError> {
 pub struct Verified {
     token: Biscuit,
     holder: NodeId,
+    /// The holders the token went through, the one it was minted for
+    /// first and the presenter last.
+    holders: Vec<NodeId>,
     epoch: u64,
     revocation_ids: Vec<Vec<u8>>,
     /// The earliest expiry any block sets.
@@ -729,6 +732,7 @@ fn verify_inner(
         .query("h($h, $k) <- holder($h, $k)")
         .map_err(|e| logic(&e))?;
     let (mut holder, mut key) = one(first, "not one holder fact")?;
+    let mut holders = vec![parse_node(&holder)?];
 
     // The holder chain: each block signed by another key must be signed
     // by the holder of the moment, and names the next holder.
@@ -757,6 +761,7 @@ fn verify_inner(
             return Err(GrantDenied::BadToken("a holder key is not an Ed25519 key"));
         }
         seen.push(bytes);
+        holders.push(parse_node(&h)?);
         holder = h;
         key = k;
     }
@@ -802,6 +807,7 @@ fn verify_inner(
     Ok(Verified {
         token,
         holder: *sender,
+        holders,
         epoch,
         revocation_ids,
         expires,
@@ -938,6 +944,13 @@ fn shape(token: &Biscuit) -> Result<(), GrantDenied> {
 }
 
 impl Verified {
+    /// The holders the token went through: the one the control plane
+    /// minted it for first, then each one a holder handed it on to; the
+    /// last is the presenter.
+    pub fn holders(&self) -> &[NodeId] {
+        &self.holders
+    }
+
     /// The revocation id of each block.
     pub fn revocation_ids(&self) -> &[Vec<u8>] {
         &self.revocation_ids

@@ -73,6 +73,8 @@ pub(crate) struct Entry<'a> {
     pub(crate) epoch: Option<u64>,
     pub(crate) grant: Option<&'a str>,
     pub(crate) detail: Option<&'a str>,
+    /// A grant's chain of holders, minted-for first.
+    pub(crate) holders: Option<&'a [NodeId]>,
     pub(crate) outcome: Option<&'a str>,
 }
 
@@ -92,6 +94,7 @@ impl<'a> Entry<'a> {
             epoch: None,
             grant: None,
             detail: None,
+            holders: None,
             outcome: None,
         }
     }
@@ -110,6 +113,7 @@ impl<'a> Entry<'a> {
             + usize::from(self.epoch.is_some())
             + usize::from(self.grant.is_some())
             + usize::from(self.detail.is_some())
+            + usize::from(self.holders.is_some())
             + usize::from(self.outcome.is_some());
         head(out, 5, fields as u64);
         text(out, "i");
@@ -162,6 +166,13 @@ impl<'a> Entry<'a> {
         if let Some(v) = self.detail {
             text(out, "detail");
             text(out, v);
+        }
+        if let Some(h) = self.holders {
+            text(out, "holders");
+            head(out, 4, h.len() as u64);
+            for id in h {
+                bytes(out, id.as_bytes());
+            }
         }
         if let Some(v) = self.outcome {
             text(out, "outcome");
@@ -220,6 +231,8 @@ mod tests {
         e.epoch = Some(300);
         e.grant = Some("ab");
         e.detail = Some("d");
+        let chain = [peer, NodeId::from_bytes([8; 32])];
+        e.holders = Some(&chain);
         e.outcome = Some("ok");
         let mut out = Vec::new();
         e.encode(70_000, 1_700_000_000_000, &mut out);
@@ -230,7 +243,7 @@ mod tests {
             keys,
             [
                 "i", "k", "t", "by", "arg", "cap", "req", "args", "peer", "verb", "class", "epoch",
-                "grant", "detail", "outcome"
+                "grant", "detail", "holders", "outcome"
             ]
         );
         let mut sorted = keys.clone();
@@ -240,8 +253,8 @@ mod tests {
         capwire_envelope::RawValue::from_slice(&out).unwrap();
         assert_eq!(
             out[..4],
-            [0xaf, 0x61, b'i', 0x1a],
-            "15 keys; i = 70000 in 4 bytes"
+            [0xb0, 0x61, b'i', 0x1a],
+            "16 keys; i = 70000 in 4 bytes"
         );
     }
 }

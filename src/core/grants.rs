@@ -70,6 +70,7 @@ async fn present(
         delegations.count_present(Err(&d));
         refused(&d)
     })?;
+    let holders = verified.holders().to_vec();
     let reply = PresentReply {
         grant: verified.id(),
         revocation_ids: verified
@@ -91,6 +92,7 @@ async fn present(
     e.epoch = Some(binding.epoch());
     e.grant = Some(&reply.grant);
     e.detail = Some("presented");
+    e.holders = Some(&holders);
     core.audit.record(&e);
     Ok(reply)
 }

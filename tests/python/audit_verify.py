@@ -100,16 +100,17 @@ def _item(data, pos, depth):
 # ---------------------------------------------------------------- 5.6 entries
 
 UINT, TEXT, B32, ITEM = "an unsigned integer", "text", "a 32-byte byte string", "any data item"
+KEYS = "an array of 32-byte byte strings"
 # 5.6's table, in its order, which is also length-then-byte order (the self-test checks).
 ENTRY_KEYS = {"i": UINT, "k": TEXT, "t": UINT, "by": TEXT, "arg": B32, "cap": TEXT,
               "req": TEXT, "args": ITEM, "peer": B32, "verb": TEXT, "class": TEXT, "epoch": UINT,
-              "grant": TEXT, "detail": TEXT, "outcome": TEXT}
+              "grant": TEXT, "detail": TEXT, "holders": KEYS, "outcome": TEXT}
 KEY_ORDER = list(ENTRY_KEYS)
 # 5.6's bullet list: per kind, the keys it must have and those it may have, besides i, k, t.
 KINDS = {
     "call": ({"peer", "cap", "verb", "arg", "class", "outcome"}, {"req", "args", "by", "epoch", "grant"}),
     "bind": ({"peer", "epoch", "detail"}, set()),
-    "grant": ({"detail", "epoch", "grant"}, {"peer"}),
+    "grant": ({"detail", "epoch", "grant"}, {"peer", "holders"}),
     "task": ({"peer", "cap", "verb", "detail", "outcome"}, set()),
     "prune": ({"detail"}, set()),
     "open": ({"detail"}, set()),
@@ -147,7 +148,9 @@ def check_entry(data, index):
     for k, v in e.items():
         want = ENTRY_KEYS[k]
         if not {UINT: type(v) is int and v >= 0, TEXT: type(v) is str,
-                B32: type(v) is bytes and len(v) == 32, ITEM: True}[want]:
+                B32: type(v) is bytes and len(v) == 32, ITEM: True,
+                KEYS: isinstance(v, list) and len(v) > 0
+                and all(type(k) is bytes and len(k) == 32 for k in v)}[want]:
             return f"`{k}` is not {want}: {v.hex() if isinstance(v, bytes) else repr(v)}"
     for k in ("i", "k", "t"):
         if k not in e:
@@ -175,6 +178,8 @@ def check_entry(data, index):
         return f"`epoch` on a call with `by` {by}" if "epoch" in e else f"no `epoch` on a call with `by` {by}"
     if kind == "call" and ("grant" in e) != (by == "grant"):
         return f"`grant` on a call with `by` {by}" if "grant" in e else "no `grant` on a call with `by` grant"
+    if kind == "grant" and e["detail"] == "presented" and e.get("holders", [None])[-1] != e.get("peer"):
+        return "a presented grant's last holder is not its presenter (5.6)"
     if kind == "grant" and ("peer" in e) != (e["detail"] == "presented"):
         return "a presented grant has `peer` (the holder), a revoked one none"
     return None
@@ -529,7 +534,7 @@ def run(path):
 # ---------------------------------------------------------------- self-test
 
 def _cbor(x):
-    """Hand encoder for entries: uint, text, bytes, and maps in the order given."""
+    """Hand encoder for entries: uint, text, bytes, arrays, and maps in the order given."""
     def head(major, n):
         if n < 24:
             return bytes([major << 5 | n])
@@ -541,6 +546,8 @@ def _cbor(x):
         return head(3, len(x.encode())) + x.encode()
     if isinstance(x, bytes):
         return head(2, len(x)) + x
+    if isinstance(x, list):
+        return head(4, len(x)) + b"".join(_cbor(v) for v in x)
     return head(5, len(x)) + b"".join(_cbor(k) + _cbor(v) for k, v in x.items())
 
 
@@ -581,7 +588,7 @@ def _entries():
         {"k": "bind", "peer": a, "epoch": 1, "detail": "bound"},
         {"k": "call", "by": "control_plane", "arg": arg, **call, "epoch": 1, "outcome": "ok"},
         {"k": "call", "arg": arg, **dict(call, peer=b), "outcome": "unauthorized"},
-        {"k": "grant", "peer": b, "epoch": 1, "grant": g, "detail": "presented"},
+        {"k": "grant", "peer": b, "epoch": 1, "grant": g, "detail": "presented", "holders": [a, b]},
         {"k": "call", "by": "grant", "arg": arg, **dict(call, peer=b), "epoch": 1, "grant": g, "outcome": "ok"},
         {"k": "task", "cap": "app.jobs", "peer": b, "verb": "run", "detail": task, "outcome": "submitted"},
         {"k": "task", "cap": "app.jobs", "peer": b, "verb": "run", "detail": task, "outcome": "working"},
