@@ -51,8 +51,9 @@ async fn echo(s: String) -> Result<String, HandlerError> {
     Ok(s)
 }
 
-/// A node serving `app.bench/echo`, its log on or off, in `dir`.
-async fn server(dir: &std::path::Path, audit: bool) -> Node {
+/// A node serving `app.bench/echo` with `limits` (room for the window
+/// in flight), its state in `dir`.
+async fn server(dir: &std::path::Path, limits: Limits) -> Node {
     let cap = Capability::new("app.bench", "1.0.0")
         .unwrap()
         .handle(Echo, echo);
@@ -60,14 +61,21 @@ async fn server(dir: &std::path::Path, audit: bool) -> Node {
         .listen("127.0.0.1:0".parse().unwrap())
         .capability(cap)
         .limits(Limits {
-            audit,
             max_inflight_per_session: 1024,
-            ..Limits::default()
+            ..limits
         })
         .state_dir(dir)
         .start()
         .await
         .unwrap()
+}
+
+/// The default limits, the audit log on or off.
+fn audit(on: bool) -> Limits {
+    Limits {
+        audit: on,
+        ..Limits::default()
+    }
 }
 
 async fn client_of(server: &Node) -> (Node, Peer) {
@@ -115,8 +123,8 @@ fn wire(opts: &Opts, placement: &Placement, sections: &Option<Vec<String>>) {
     let dir = tempfile::tempdir().unwrap();
     let (on_dir, off_dir) = (dir.path().join("on"), dir.path().join("off"));
     let (s, c) = (placement.server.clone(), placement.client.clone());
-    let on = run_on(&s, async move { server(&on_dir, true).await });
-    let off = run_on(&s, async move { server(&off_dir, false).await });
+    let on = run_on(&s, async move { server(&on_dir, audit(true)).await });
+    let off = run_on(&s, async move { server(&off_dir, audit(false)).await });
     let (on_node, off_node) = (on.clone(), off.clone());
     let (con, pon) = run_on(&c, async move { client_of(&on_node).await });
     let (coff, poff) = run_on(&c, async move { client_of(&off_node).await });
@@ -181,21 +189,11 @@ fn tree(opts: &Opts) {
     let state = dir.path().join("node");
     let h = placement.server.clone();
     let node = run_on(&h, async move {
-        let cap = Capability::new("app.bench", "1.0.0")
-            .unwrap()
-            .handle(Echo, echo);
-        Node::builder("bench-tree")
-            .listen("127.0.0.1:0".parse().unwrap())
-            .capability(cap)
-            .limits(Limits {
-                max_inflight_per_session: 1024,
-                audit_max_bytes: 4 << 30,
-                ..Limits::default()
-            })
-            .state_dir(state)
-            .start()
-            .await
-            .unwrap()
+        let limits = Limits {
+            audit_max_bytes: 4 << 30,
+            ..audit(true)
+        };
+        server(&state, limits).await
     });
     // The control plane binds it.
     let n2 = node.clone();
