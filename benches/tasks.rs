@@ -186,7 +186,9 @@ impl StoreKind {
 /// run ends, since ended tasks are kept for a day.
 fn roomy(tasks: usize) -> Limits {
     Limits {
-        max_tasks: tasks,
+        // A sender that is neither the control plane nor a contact keeps
+        // at most nine tenths of `max_tasks` (WIRE.md 4.10).
+        max_tasks: tasks.saturating_mul(10) / 9 + 1,
         max_tasks_per_sender: tasks,
         ..Limits::default()
     }
