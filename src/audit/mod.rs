@@ -377,7 +377,8 @@ impl AuditLog {
 
     /// Writes what was recorded and not yet written (a no-op, one atomic
     /// load, when there is nothing). A write that fails puts the log in
-    /// its failed state (logged once).
+    /// its failed state (logged once) and keeps what waits, for the next
+    /// flush to try again; one that succeeds ends that state.
     pub(crate) fn flush(&self) {
         if !self.pending.load(Ordering::Acquire) {
             return;
@@ -385,10 +386,14 @@ impl AuditLog {
         let mut g = self.lock();
         self.pending.store(false, Ordering::Release);
         if let Err(e) = self.write_pending(&mut g, false) {
+            self.pending.store(true, Ordering::Release);
             if !self.failed.swap(true, Ordering::Relaxed) {
                 tracing::error!(error = %e, "the audit log cannot be written: refusing what it would record");
             }
             return;
+        }
+        if self.failed.swap(false, Ordering::Relaxed) {
+            tracing::warn!("the audit log is written again: envelopes are served again");
         }
         if g.bytes > g.budget {
             drop(g);

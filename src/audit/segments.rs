@@ -122,6 +122,37 @@ impl DirSegments {
     }
 }
 
+/// Appends all of `buf` to `f`, or nothing: a write that fails midway is
+/// cut off again.
+fn append_all(f: &mut File, buf: &[u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.write(&buf[done..]) {
+            Ok(0) => {
+                cut(f, done);
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                cut(f, done);
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes the last `n` bytes written off `f` (best effort: a file that
+/// cannot be cut is repaired when the log is opened again).
+fn cut(f: &File, n: usize) {
+    if n > 0
+        && let Ok(m) = f.metadata()
+    {
+        let _ = f.set_len(m.len().saturating_sub(n as u64));
+    }
+}
+
 fn missing_is_none<T>(r: io::Result<T>) -> io::Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -149,8 +180,13 @@ impl Segments for DirSegments {
 
     fn append(&mut self, seg: u64, entries: &[u8], hashes: &[u8]) -> io::Result<()> {
         let (_, e, h) = self.files(seg)?;
-        e.write_all(entries)?;
-        h.write_all(hashes)
+        // All or nothing, so that the log's retry appends each record once.
+        append_all(e, entries)?;
+        if let Err(err) = append_all(h, hashes) {
+            cut(e, entries.len());
+            return Err(err);
+        }
+        Ok(())
     }
 
     fn read_entries(&self, seg: u64) -> io::Result<Vec<u8>> {

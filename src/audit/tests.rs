@@ -1,4 +1,4 @@
-use super::segments::{DirSegments, MemorySegments};
+use super::segments::{self, DirSegments, MemorySegments, Segments};
 use super::*;
 use capwire_audit::{NoteVerifier, verify_consistency, verify_inclusion};
 
@@ -191,4 +191,92 @@ fn over_its_budget_the_log_prunes_its_oldest_segments_and_says_so() {
             )
             .any(|(_, b)| b.windows(5).any(|w| w == b"prune"));
     assert!(said, "a prune entry is in the log");
+}
+
+/// Segments in memory whose appends fail while `fail` is set.
+struct Flaky {
+    inner: MemorySegments,
+    fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Segments for Flaky {
+    fn list(&self) -> std::io::Result<Vec<u64>> {
+        self.inner.list()
+    }
+    fn append(&mut self, seg: u64, entries: &[u8], hashes: &[u8]) -> std::io::Result<()> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("no space left"));
+        }
+        self.inner.append(seg, entries, hashes)
+    }
+    fn read_entries(&self, seg: u64) -> std::io::Result<Vec<u8>> {
+        self.inner.read_entries(seg)
+    }
+    fn read_hash(&self, seg: u64, offset: u64) -> std::io::Result<Option<[u8; 32]>> {
+        self.inner.read_hash(seg, offset)
+    }
+    fn lens(&self, seg: u64) -> std::io::Result<(u64, u64)> {
+        self.inner.lens(seg)
+    }
+    fn truncate(&mut self, seg: u64, entries: u64, hashes: u64) -> std::io::Result<()> {
+        self.inner.truncate(seg, entries, hashes)
+    }
+    fn remove(&mut self, seg: u64) -> std::io::Result<()> {
+        self.inner.remove(seg)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+    fn syncer(&mut self) -> std::io::Result<Option<segments::Syncer>> {
+        self.inner.syncer()
+    }
+    fn read_meta(&self, name: &str) -> std::io::Result<Option<Vec<u8>>> {
+        self.inner.read_meta(name)
+    }
+    fn write_meta(&mut self, name: &str, data: &[u8], durable: bool) -> std::io::Result<()> {
+        self.inner.write_meta(name, data, durable)
+    }
+}
+
+#[test]
+fn a_log_that_cannot_be_written_refuses_until_it_can_and_loses_nothing() {
+    let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let log = AuditLog::open(
+        Box::new(Flaky {
+            inner: MemorySegments::default(),
+            fail: fail.clone(),
+        }),
+        &SECRET,
+        &node(),
+        MIN_AUDIT_BUDGET,
+        true,
+    )
+    .unwrap();
+    call(&log, 0);
+    log.flush();
+    assert!(!log.is_failed());
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    call(&log, 1);
+    log.flush();
+    assert!(
+        log.is_failed(),
+        "a write that fails puts the log in its failed state"
+    );
+    log.flush();
+    assert!(log.is_failed(), "and it stays there while writes fail");
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    log.flush();
+    assert!(!log.is_failed(), "the next write that succeeds ends it");
+    let (note, size, _) = log.checkpoint().unwrap();
+    assert_eq!(size, 3, "the opening and both calls, each once");
+    let cp = NoteVerifier::parse(log.verifier_key())
+        .unwrap()
+        .verify(&note)
+        .unwrap();
+    let all = leaves(&log, 0, size);
+    let mut f = capwire_audit::Frontier::new();
+    for h in all {
+        f.push(h);
+    }
+    assert_eq!(f.root(), cp.root);
 }
