@@ -508,7 +508,7 @@ impl FrameRef<'_> {
                 if let Some(t) = c.trace {
                     validate(t).map_err(EncodeError::Profile)?;
                 }
-                write_control_traced(out, c.cap, c.verb, &c.req_id, c.budget_ms, c.args, c.trace);
+                write_control(out, c.cap, c.verb, &c.req_id, c.budget_ms, c.args, c.trace);
                 Ok(())
             }
             FrameRef::Response(r) => match &r.outcome {
@@ -580,6 +580,7 @@ pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError>
             &c.req_id,
             c.budget_ms,
             c.args.as_bytes(),
+            None,
         ),
         Frame::Response(r) => {
             require_req_id(&r.req_id)?;
@@ -634,24 +635,13 @@ pub fn encode_control(
     check_name("cap", cap)?;
     check_name("verb", verb)?;
     validate(args_raw).map_err(EncodeError::Profile)?;
-    write_control(out, cap, verb, req_id, budget_ms, args_raw);
+    write_control(out, cap, verb, req_id, budget_ms, args_raw, None);
     Ok(())
 }
 
-fn write_control(
-    out: &mut Vec<u8>,
-    cap: &str,
-    verb: &str,
-    req_id: &ReqId,
-    budget_ms: Option<u64>,
-    args: &[u8],
-) {
-    write_control_traced(out, cap, verb, req_id, budget_ms, args, None);
-}
-
-/// A control frame with (or without) a trace item (protocol 3): only a
+/// A control frame, with a trace item (protocol 3) or without: only a
 /// received frame carries one yet, when it is encoded again.
-fn write_control_traced(
+fn write_control(
     out: &mut Vec<u8>,
     cap: &str,
     verb: &str,
@@ -713,7 +703,7 @@ pub fn encode_control_value(
 ) -> Result<(), EncodeError> {
     check_name("cap", cap)?;
     check_name("verb", verb)?;
-    write_control(out, cap, verb, req_id, budget_ms, args.as_bytes());
+    write_control(out, cap, verb, req_id, budget_ms, args.as_bytes(), None);
     Ok(())
 }
 
@@ -743,7 +733,7 @@ pub fn encode_control_serialize<T: serde::Serialize + ?Sized>(
     check_name("cap", cap)?;
     check_name("verb", verb)?;
     let start = out.len();
-    write_control(out, cap, verb, req_id, budget_ms, &[]);
+    write_control(out, cap, verb, req_id, budget_ms, &[], None);
     if let Err(e) = crate::raw::encode_into(args, out) {
         out.truncate(start);
         return Err(e);
