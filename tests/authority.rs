@@ -306,6 +306,11 @@ async fn a_controller_task_fails_unauthorized_when_its_control_plane_is_unbound(
         f.running.load(Ordering::SeqCst) == 1
     })
     .await;
+    // The handler stops first; the task's failed state is written next.
+    eventually("its task failed", || async {
+        job.get().await.unwrap().state == TaskState::Failed
+    })
+    .await;
     let info = job.get().await.unwrap();
     assert_eq!(info.state, TaskState::Failed);
     let error = info.error.unwrap();
@@ -330,6 +335,11 @@ async fn a_task_a_grant_submitted_fails_when_the_grant_is_revoked() {
         .unwrap();
     eventually("its handler stopped", || async {
         f.running.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    // The handler stops first; the task's failed state is written next.
+    eventually("its task failed", || async {
+        job.get().await.unwrap().state == TaskState::Failed
     })
     .await;
     let info = job.get().await.unwrap();
@@ -377,6 +387,11 @@ async fn a_controller_task_resumes_after_a_restart_under_the_same_binding_and_st
     peer.request(MonitoringDisable, NoArgs {}).await.unwrap();
     eventually("its handler stopped", || async {
         f.running.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    // The handler stops first; the task's failed state is written next.
+    eventually("its task failed", || async {
+        job.get().await.unwrap().state == TaskState::Failed
     })
     .await;
     let info = job.get().await.unwrap();
