@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use capwire::envelope::{RawValue, ReqId};
 use capwire::json::{cbor_to_json, json_to_cbor};
-use capwire::manifest::{CopyRecord, Manifest, Member, Roster, VerbKind};
+use capwire::manifest::{CopyRecord, Manifest, Member, NoArgs, ProtocolVersions, Roster, VerbKind};
 use capwire::{CallError, ControlEvent, Invite, Limits, Node, NodeError, NodeId, Peer, StoreError};
 use serde_json::{Value as Json, json};
 use tokio::sync::{broadcast, mpsc};
@@ -48,6 +48,10 @@ const STREAM_IDLE: Duration = Duration::from_secs(365 * 86_400);
 
 /// How many `call` records a slow watch may fall behind by.
 const CALL_FEED: usize = 256;
+
+/// How long `call --notify` keeps its session after the note's round
+/// trip, for the handler to start before the session ends.
+const NOTE_SETTLE: Duration = Duration::from_millis(100);
 
 pub(super) type Out = mpsc::Sender<Json>;
 
@@ -424,6 +428,17 @@ impl Ctx {
                         sent.as_ref().err(),
                     );
                     sent.map_err(|e| Failure::call(&format!("{} {cap}/{verb}", entry.name), &e))?;
+                    // A node cancels the handlers running for a peer when
+                    // its session ends (WIRE.md 4.6), and this command ends
+                    // it next. One round trip on the same session, answered
+                    // after the note was dispatched (in order), then a
+                    // moment, lets a handler that waits for its turn (a
+                    // Python one waits for its loop) start first.
+                    let settle = timeout.min(Duration::from_secs(2));
+                    let _ = session
+                        .request_within(ProtocolVersions, NoArgs {}, settle)
+                        .await;
+                    tokio::time::sleep(NOTE_SETTLE).await;
                     return emit(
                         out,
                         json!({"kind": "sent", "peer": entry.name, "cap": cap, "verb": verb}),
