@@ -633,7 +633,7 @@ fn run(data: &[u8]) -> Reached {
         for (n, window) in OUR_STREAMS {
             let req = ReqId::from_u64(n);
             let frame =
-                crate::proto::codec::control("app.p", "feed", &req, None, &RawValue::null())
+                crate::proto::codec::control("app.p", "feed", &req, None, &RawValue::null(), None)
                     .expect("a stream frame encodes");
             match h.core.open_stream(req, frame, n, n, window) {
                 Ok(()) => h.seen.waiting.push(n),
@@ -643,8 +643,9 @@ fn run(data: &[u8]) -> Reached {
         }
         for n in 0..3u64 {
             let req = ReqId::from_u64(n);
-            let frame = crate::proto::codec::control("app.x", "y", &req, None, &RawValue::null())
-                .expect("a call frame encodes");
+            let frame =
+                crate::proto::codec::control("app.x", "y", &req, None, &RawValue::null(), None)
+                    .expect("a call frame encodes");
             if h.core.call(req, frame, n).is_ok() {
                 h.seen.waiting.push(n);
             }

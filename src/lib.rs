@@ -194,6 +194,7 @@ mod tap;
 pub mod task;
 mod tasks;
 mod time;
+pub mod trace;
 
 pub use addr::{Addr, AddrParseError};
 pub use audit::AuditStats;

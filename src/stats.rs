@@ -108,6 +108,12 @@ pub struct NodeStats {
     pub grant_holders: usize,
     /// Revocations kept (gauge).
     pub grant_revocations: usize,
+    /// W3C trace contexts received with calls and believed (counter).
+    pub trace_contexts_accepted: u64,
+    /// Trace contexts dropped, by reason (counters: `item`, `traceparent`,
+    /// `zero_id`, `tracestate`, `version`; only reasons seen). The calls
+    /// they came with were served as if they had none.
+    pub trace_contexts_dropped: Vec<(&'static str, u64)>,
 }
 
 /// The node-wide counters of streams, shared by the sessions' drivers and

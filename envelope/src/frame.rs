@@ -639,8 +639,8 @@ pub fn encode_control(
     Ok(())
 }
 
-/// A control frame, with a trace item (protocol 3) or without: only a
-/// received frame carries one yet, when it is encoded again.
+/// A control frame, with a trace item (protocol 3) or without. `args` come
+/// last, so a caller may append them after an empty `args`.
 fn write_control(
     out: &mut Vec<u8>,
     cap: &str,
@@ -674,12 +674,12 @@ fn write_control(
         cbor::write_text(out, "budget_ms");
         cbor::write_uint(out, budget);
     }
-    cbor::write_text(out, "args");
-    out.extend_from_slice(args);
     if let Some(trace) = trace {
         cbor::write_text(out, "trace");
         out.extend_from_slice(trace);
     }
+    cbor::write_text(out, "args");
+    out.extend_from_slice(args);
 }
 
 /// Bytes a control frame needs besides its cap, verb, `req_id` and args (the
@@ -688,7 +688,8 @@ pub const CONTROL_OVERHEAD: usize = 64;
 
 /// Encodes a control frame whose args are a [`RawValue`] (which is always
 /// in the strict profile, so it is not checked again), appending it to
-/// `out`.
+/// `out`. `trace`, for a session of protocol 3 only, is the `trace` item
+/// (WIRE.md 2.2): one data item in the strict profile, written as given.
 ///
 /// # Errors
 /// [`EncodeError::StringTooLong`] for a long `cap` or `verb`. On error
@@ -700,20 +701,22 @@ pub fn encode_control_value(
     req_id: &ReqId,
     budget_ms: Option<u64>,
     args: &RawValue,
+    trace: Option<&[u8]>,
 ) -> Result<(), EncodeError> {
     check_name("cap", cap)?;
     check_name("verb", verb)?;
-    write_control(out, cap, verb, req_id, budget_ms, args.as_bytes(), None);
+    write_control(out, cap, verb, req_id, budget_ms, args.as_bytes(), trace);
     Ok(())
 }
 
 /// Encodes a control frame with `args` serialized straight into it (one
-/// buffer, one check of the strict profile), appending it to `out`.
+/// buffer, one check of the strict profile), appending it to `out`;
+/// `trace` as in [`encode_control_value`].
 ///
 /// ```
 /// use capwire_envelope::{decode_frame, encode_control_serialize, FrameRef, ReqId};
 /// let mut out = Vec::new();
-/// encode_control_serialize(&mut out, "app.echo", "say", &ReqId::from_u64(1), None, &("hi",)).unwrap();
+/// encode_control_serialize(&mut out, "app.echo", "say", &ReqId::from_u64(1), None, &("hi",), None).unwrap();
 /// let FrameRef::Control(c) = decode_frame(&out).unwrap() else { unreachable!() };
 /// assert_eq!(c.decode_args::<(String,)>().unwrap().0, "hi");
 /// ```
@@ -729,11 +732,12 @@ pub fn encode_control_serialize<T: serde::Serialize + ?Sized>(
     req_id: &ReqId,
     budget_ms: Option<u64>,
     args: &T,
+    trace: Option<&[u8]>,
 ) -> Result<(), EncodeError> {
     check_name("cap", cap)?;
     check_name("verb", verb)?;
     let start = out.len();
-    write_control(out, cap, verb, req_id, budget_ms, &[], None);
+    write_control(out, cap, verb, req_id, budget_ms, &[], trace);
     if let Err(e) = crate::raw::encode_into(args, out) {
         out.truncate(start);
         return Err(e);

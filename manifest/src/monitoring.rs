@@ -146,6 +146,12 @@ pub struct CopyRecord {
     /// (`core.grants`, WIRE.md 5.5); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<String>,
+    /// *(protocol 3)* The trace id (32 hex digits) of the W3C trace
+    /// context the message carried (WIRE.md 2.2), so a control plane can
+    /// join its copies to traces; absent when it carried none, and in
+    /// copies to a control plane whose session is below protocol 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 verb! {

@@ -103,6 +103,21 @@ pub enum TaskEventKind {
     Error,
 }
 
+impl TaskEventKind {
+    /// Its name on the wire: `state`, `progress`, `question`, `answer`,
+    /// `result`, `error`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::State => "state",
+            Self::Progress => "progress",
+            Self::Question => "question",
+            Self::Answer => "answer",
+            Self::Result => "result",
+            Self::Error => "error",
+        }
+    }
+}
+
 /// One event of a task's log. Events are numbered from 1 in the order
 /// they happened, and every event says the task's state after it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

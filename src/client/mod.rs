@@ -22,6 +22,8 @@ use crate::proto::codec;
 use crate::proto::session::{End, Reply};
 use crate::tap::Way;
 use crate::time::deadline_after;
+use crate::trace::TraceContext;
+use tracing::Instrument;
 
 /// A handle to call one peer. Cheap to clone.
 ///
@@ -52,6 +54,8 @@ pub struct Peer {
     peers: Arc<Peers>,
     id: NodeId,
     default_deadline: Duration,
+    /// The trace context this handle's calls carry, when given.
+    trace: Option<TraceContext>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -94,7 +98,51 @@ impl Peer {
             peers,
             id,
             default_deadline,
+            trace: None,
         }
+    }
+
+    /// This handle with `cx` as the trace context of its calls: each call
+    /// (request, notification, stream, task submit) belongs to that trace,
+    /// with `cx` as its parent, whatever span or handler it is made from.
+    /// Sent only to a peer whose session speaks protocol 3 (WIRE.md 2.2).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use capwire::Node;
+    /// use capwire::trace::TraceContext;
+    ///
+    /// let node = Node::builder("caller").start().await?;
+    /// let cx = TraceContext::new_root(true);
+    /// let peer = node.peer(node.id()).with_trace(cx.clone());
+    /// assert_eq!(peer.trace(), Some(&cx));
+    /// # node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_trace(&self, cx: TraceContext) -> Self {
+        Self {
+            trace: Some(cx),
+            ..self.clone()
+        }
+    }
+
+    /// The trace context given to [`Peer::with_trace`], if any.
+    pub fn trace(&self) -> Option<&TraceContext> {
+        self.trace.as_ref()
+    }
+
+    /// The `trace` item a call on `session` carries: the context it
+    /// belongs to, on a session of protocol 3 (WIRE.md 2.2).
+    pub(crate) fn trace_item(&self, session: &Session, span: &tracing::Span) -> Option<Vec<u8>> {
+        let cx = crate::trace::outgoing(self.trace.as_ref(), span)?;
+        (session.lock().version() >= capwire_envelope::PROTOCOL_V3).then(|| cx.to_item())
+    }
+
+    /// The client span of a call to `cap`/`verb` on this peer.
+    pub(crate) fn span(&self, cap: &str, verb: &str) -> tracing::Span {
+        crate::trace::client_span(cap, verb, &self.id, self.trace.as_ref())
     }
 
     /// The peer's identity.
@@ -107,6 +155,14 @@ impl Peer {
         self.peers
             .session(&self.id)
             .is_some_and(|s| s.lock().version() >= capwire_envelope::PROTOCOL_V2)
+    }
+
+    /// The protocol version of the session with the peer, if one is up
+    /// (1 until its first hello).
+    pub(crate) fn version(&self) -> u32 {
+        self.peers
+            .session(&self.id)
+            .map_or(capwire_envelope::PROTOCOL_VERSION, |s| s.lock().version())
     }
 
     /// The peer's manifest as last received, if a session is up.
@@ -191,8 +247,8 @@ impl Peer {
         deadline: Duration,
     ) -> Result<V::Output, CallError> {
         let result = self
-            .call_with(deadline, |req_id, budget| {
-                codec::control_of(V::CAP, V::VERB, req_id, Some(budget), &args)
+            .call_with((V::CAP, V::VERB), deadline, |req_id, budget, trace| {
+                codec::control_of(V::CAP, V::VERB, req_id, Some(budget), &args, trace)
             })
             .await?;
         result
@@ -226,9 +282,14 @@ impl Peer {
             ));
         }
         let result = self
-            .call_as(Some(req_id.clone()), deadline, |req_id, budget| {
-                codec::control_of(V::CAP, V::VERB, req_id, Some(budget), &args)
-            })
+            .call_as(
+                (V::CAP, V::VERB),
+                Some(req_id.clone()),
+                deadline,
+                |req_id, budget, trace| {
+                    codec::control_of(V::CAP, V::VERB, req_id, Some(budget), &args, trace)
+                },
+            )
             .await?;
         result
             .decode::<V::Output>()
@@ -252,8 +313,8 @@ impl Peer {
         _verb: V,
         args: V::Args,
     ) -> Result<(), CallError> {
-        self.notify_with(self.default_deadline, || {
-            codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args)
+        self.notify_with((V::CAP, V::VERB), self.default_deadline, |trace| {
+            codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args, trace)
         })
         .await
     }
@@ -272,8 +333,8 @@ impl Peer {
         args: V::Args,
         deadline: Duration,
     ) -> Result<(), CallError> {
-        self.notify_with(deadline, || {
-            codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args)
+        self.notify_with((V::CAP, V::VERB), deadline, |trace| {
+            codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args, trace)
         })
         .await
     }
@@ -293,7 +354,7 @@ impl Peer {
     ) -> Result<bool, CallError> {
         let deadline_at = deadline_after(deadline);
         let session = self.session(deadline_at).await?;
-        let frame = codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args)
+        let frame = codec::control_of(V::CAP, V::VERB, &ReqId::EMPTY, None, &args, None)
             .map_err(|e| CallError::Encode(e.to_string()))?;
         // Not tapped: these go to the control plane, whose own traffic is
         // never copied (and one not sent must not show as sent).
@@ -328,8 +389,8 @@ impl Peer {
         args: &RawValue,
         deadline: Duration,
     ) -> Result<RawValue, CallError> {
-        self.call_with(deadline, |req_id, budget| {
-            codec::control(cap, verb, req_id, Some(budget), args)
+        self.call_with((cap, verb), deadline, |req_id, budget, trace| {
+            codec::control(cap, verb, req_id, Some(budget), args, trace)
         })
         .await
     }
@@ -357,19 +418,28 @@ impl Peer {
                 "a request needs a non-empty req_id".into(),
             ));
         }
-        self.call_as(Some(req_id.clone()), deadline, |req_id, budget| {
-            codec::control(cap, verb, req_id, Some(budget), args)
-        })
+        self.call_as(
+            (cap, verb),
+            Some(req_id.clone()),
+            deadline,
+            |req_id, budget, trace| codec::control(cap, verb, req_id, Some(budget), args, trace),
+        )
         .await
     }
 
-    /// A request whose frame `encode` builds from its req_id and budget.
+    /// A request to `cap`/`verb` whose frame `encode` builds from its
+    /// req_id, budget and trace item.
     async fn call_with(
         &self,
+        (cap, verb): (&str, &str),
         deadline: Duration,
-        encode: impl Fn(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+        encode: impl Fn(
+            &ReqId,
+            u64,
+            Option<&[u8]>,
+        ) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<RawValue, CallError> {
-        self.call_as(None, deadline, encode).await
+        self.call_as((cap, verb), None, deadline, encode).await
     }
 
     /// A request with `req_id` (a fresh one when `None`).
@@ -381,30 +451,47 @@ impl Peer {
     /// (sender, req_id) across sessions, so a request that did reach the
     /// peer is never run twice: the retry gets its remembered answer (or
     /// `duplicate` while it still runs).
-    async fn call_as(
+    ///
+    /// The call is one client span (`trace/`), whose context travels with
+    /// it.
+    pub(crate) async fn call_as(
         &self,
+        (cap, verb): (&str, &str),
         req_id: Option<ReqId>,
         deadline: Duration,
-        encode: impl Fn(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+        encode: impl Fn(
+            &ReqId,
+            u64,
+            Option<&[u8]>,
+        ) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<RawValue, CallError> {
+        let span = self.span(cap, verb);
         let deadline_at = deadline_after(deadline);
         let req_id = req_id.unwrap_or_else(|| self.peers.next_req_id());
-        let mut tries = 0;
-        loop {
-            let session = self.session(deadline_at).await?;
-            match self
-                .call_once(&session, &req_id, deadline_at, &encode)
-                .await
-            {
-                Err(CallError::PeerLost)
-                    if tries < MAX_REPLACED_RETRIES && was_replaced(&session) =>
+        let call = async {
+            let mut tries = 0;
+            loop {
+                let session = self.session(deadline_at).await?;
+                match self
+                    .call_once(&session, &req_id, deadline_at, &span, &encode)
+                    .await
                 {
-                    tries += 1;
-                    tracing::debug!(peer = %self.id, %req_id, "session replaced under a call: sent again");
+                    Err(CallError::PeerLost)
+                        if tries < MAX_REPLACED_RETRIES && was_replaced(&session) =>
+                    {
+                        tries += 1;
+                        tracing::debug!(peer = %self.id, %req_id, "session replaced under a call: sent again");
+                    }
+                    other => return other,
                 }
-                other => return other,
             }
+        };
+        if span.is_disabled() {
+            return call.await;
         }
+        let result = call.instrument(span.clone()).await;
+        end_span(&span, &result);
+        result
     }
 
     /// One send of a request on `session` and the wait for its answer.
@@ -413,13 +500,20 @@ impl Peer {
         session: &Session,
         req_id: &ReqId,
         deadline_at: Instant,
-        encode: &impl Fn(&ReqId, u64) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+        span: &tracing::Span,
+        encode: &impl Fn(
+            &ReqId,
+            u64,
+            Option<&[u8]>,
+        ) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<RawValue, CallError> {
         // The budget is what is left of the deadline after waiting for the
         // session.
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        let frame = encode(req_id, budget_ms).map_err(|e| CallError::Encode(e.to_string()))?;
+        let trace = self.trace_item(session, span);
+        let frame = encode(req_id, budget_ms, trace.as_deref())
+            .map_err(|e| CallError::Encode(e.to_string()))?;
         self.peers.tap().record(Way::Out, &self.id, &frame, None);
         let rx = session
             .call(req_id.clone(), frame, deadline_at)
@@ -477,26 +571,33 @@ impl Peer {
         args: &RawValue,
         deadline: Duration,
     ) -> Result<(), CallError> {
-        self.notify_with(deadline, || {
-            codec::control(cap, verb, &ReqId::EMPTY, None, args)
+        self.notify_with((cap, verb), deadline, |trace| {
+            codec::control(cap, verb, &ReqId::EMPTY, None, args, trace)
         })
         .await
     }
 
-    /// A notification whose frame `encode` builds.
+    /// A notification to `cap`/`verb` whose frame `encode` builds from its
+    /// trace item. It is a client span that ends when the notification is
+    /// queued.
     async fn notify_with(
         &self,
+        (cap, verb): (&str, &str),
         deadline: Duration,
-        encode: impl FnOnce() -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+        encode: impl FnOnce(Option<&[u8]>) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<(), CallError> {
+        let span = self.span(cap, verb);
         let deadline_at = deadline_after(deadline);
         let session = self.session(deadline_at).await?;
-        let frame = encode().map_err(|e| CallError::Encode(e.to_string()))?;
+        let trace = self.trace_item(&session, &span);
+        let frame = encode(trace.as_deref()).map_err(|e| CallError::Encode(e.to_string()))?;
         self.peers.tap().record(Way::Out, &self.id, &frame, None);
-        session
+        let result = session
             .notify(frame, deadline_at)
             .await
-            .map_err(|e| self.lost_or(e))
+            .map_err(|e| self.lost_or(e));
+        end_span(&span, &result);
+        result
     }
 
     fn lost_or(&self, e: CallError) -> CallError {
@@ -504,6 +605,27 @@ impl Peer {
             CallError::Shutdown
         } else {
             e
+        }
+    }
+}
+
+/// Records how a call ended on its client span.
+fn end_span<T>(span: &tracing::Span, result: &Result<T, CallError>) {
+    match result {
+        Ok(_) => crate::trace::record_end(span, "ok", true),
+        Err(e) => {
+            let what = match e {
+                CallError::Denied(b) | CallError::Remote(b) => b.code.as_str(),
+                CallError::Timeout => "timeout",
+                CallError::Cancelled => "cancelled",
+                CallError::Overloaded => "overloaded",
+                CallError::TooLarge => "too_large",
+                CallError::PeerLost => "peer_lost",
+                CallError::Unreachable(_) => "unreachable",
+                CallError::Shutdown => "shutdown",
+                _ => "error",
+            };
+            crate::trace::record_end(span, what, false);
         }
     }
 }

@@ -41,6 +41,11 @@ pub struct ItemStream<T> {
     idle: std::time::Duration,
     timer: Pin<Box<Sleep>>,
     done: bool,
+    /// The stream's client span: its items are events on it, and it ends
+    /// with the stream.
+    span: tracing::Span,
+    /// Items taken.
+    taken: u64,
     _item: PhantomData<fn() -> T>,
 }
 
@@ -60,6 +65,7 @@ impl<T: DeserializeOwned> ItemStream<T> {
         req_id: ReqId,
         deadline: Option<Instant>,
         idle: std::time::Duration,
+        span: tracing::Span,
     ) -> Self {
         let first = Instant::now() + idle;
         Self {
@@ -72,6 +78,8 @@ impl<T: DeserializeOwned> ItemStream<T> {
                 deadline.map_or(first, |d| d.min(first)),
             )),
             done: false,
+            span,
+            taken: 0,
             _item: PhantomData,
         }
     }
@@ -96,9 +104,24 @@ impl<T: DeserializeOwned> ItemStream<T> {
     }
 
     fn end(&mut self, e: CallError) -> Poll<Option<Result<T, CallError>>> {
-        self.done = true;
         self.session.abandon_stream(&self.req_id);
-        Poll::Ready(Some(Err(e)))
+        self.ended(Some(e))
+    }
+
+    /// The stream ended: well (`None`) or with `e`.
+    fn ended(&mut self, e: Option<CallError>) -> Poll<Option<Result<T, CallError>>> {
+        self.done = true;
+        match e {
+            None => {
+                crate::trace::record_end(&self.span, "ok", true);
+                Poll::Ready(None)
+            }
+            Some(e) => {
+                let code = e.code().map_or("error", |c| c.as_str());
+                crate::trace::record_end(&self.span, code, false);
+                Poll::Ready(Some(Err(e)))
+            }
+        }
     }
 }
 
@@ -116,24 +139,19 @@ impl<T: DeserializeOwned> Stream for ItemStream<T> {
                 let next = Instant::now() + this.idle;
                 let due = this.deadline.map_or(next, |d| d.min(next));
                 this.timer.as_mut().reset(due);
+                this.taken += 1;
+                crate::trace::item_event(&this.span, "item", this.taken);
                 // The frame decoder validated the item.
                 let item = RawValue::dangerous_from_validated(raw)
                     .decode::<T>()
                     .map_err(|e| CallError::BadResult(e.to_string()));
                 Poll::Ready(Some(item))
             }
-            Poll::Ready(Next::End(Reply::Ok(_))) => {
-                self.done = true;
-                Poll::Ready(None)
-            }
+            Poll::Ready(Next::End(Reply::Ok(_))) => self.ended(None),
             Poll::Ready(Next::End(Reply::Err(body))) => {
-                self.done = true;
-                Poll::Ready(Some(Err(CallError::from_remote(body))))
+                self.ended(Some(CallError::from_remote(body)))
             }
-            Poll::Ready(Next::Lost) => {
-                self.done = true;
-                Poll::Ready(Some(Err(CallError::PeerLost)))
-            }
+            Poll::Ready(Next::Lost) => self.ended(Some(CallError::PeerLost)),
             Poll::Pending => match self.timer.as_mut().poll(cx) {
                 Poll::Ready(()) => {
                     let over = self.deadline.is_some_and(|d| Instant::now() >= d);
@@ -153,6 +171,7 @@ impl<T> Drop for ItemStream<T> {
     fn drop(&mut self) {
         if !self.done {
             self.session.abandon_stream(&self.req_id);
+            crate::trace::record_end(&self.span, "cancelled", false);
         }
     }
 }
@@ -263,8 +282,8 @@ impl Peer {
         args: &RawValue,
         deadline: Option<Duration>,
     ) -> Result<ItemStream<RawValue>, CallError> {
-        self.stream_with(deadline, |req_id, budget| {
-            codec::control(cap, verb, req_id, budget, args)
+        self.stream_with((cap, verb), deadline, |req_id, budget, trace| {
+            codec::control(cap, verb, req_id, budget, args, trace)
         })
         .await
     }
@@ -274,19 +293,26 @@ impl Peer {
         args: &V::Args,
         deadline: Option<Duration>,
     ) -> Result<ItemStream<V::Output>, CallError> {
-        self.stream_with(deadline, |req_id, budget| {
-            codec::control_of(V::CAP, V::VERB, req_id, budget, args)
+        self.stream_with((V::CAP, V::VERB), deadline, |req_id, budget, trace| {
+            codec::control_of(V::CAP, V::VERB, req_id, budget, args, trace)
         })
         .await
     }
 
-    /// Opens a stream whose control frame `encode` builds from its req_id
-    /// and budget.
-    async fn stream_with<T: serde::de::DeserializeOwned>(
+    /// Opens a stream on `cap`/`verb` whose control frame `encode` builds
+    /// from its req_id, budget and trace item. The stream is one client
+    /// span, with its items as events.
+    pub(crate) async fn stream_with<T: serde::de::DeserializeOwned>(
         &self,
+        (cap, verb): (&str, &str),
         deadline: Option<Duration>,
-        encode: impl FnOnce(&ReqId, Option<u64>) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
+        encode: impl FnOnce(
+            &ReqId,
+            Option<u64>,
+            Option<&[u8]>,
+        ) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<ItemStream<T>, CallError> {
+        let span = self.span(cap, verb);
         let defaults = self.peers.stream_defaults();
         let deadline_at = deadline.map(deadline_after);
         let open_by = deadline_at.unwrap_or_else(|| deadline_after(self.default_deadline));
@@ -301,7 +327,9 @@ impl Peer {
             u64::try_from(d.saturating_duration_since(Instant::now()).as_millis())
                 .unwrap_or(u64::MAX)
         });
-        let frame = encode(&req_id, budget).map_err(|e| CallError::Encode(e.to_string()))?;
+        let trace = self.trace_item(&session, &span);
+        let frame = encode(&req_id, budget, trace.as_deref())
+            .map_err(|e| CallError::Encode(e.to_string()))?;
         self.peers.tap().record(Way::Out, &self.id, &frame, None);
         let sink = session
             .open_stream(req_id.clone(), frame, defaults.window, open_by)
@@ -313,6 +341,7 @@ impl Peer {
             req_id,
             deadline_at,
             defaults.idle,
+            span,
         ))
     }
 }

@@ -393,9 +393,14 @@ impl Peer {
             ));
         }
         let answer = self
-            .call_as(req_id, deadline, |req_id, budget| {
-                codec::control_of(V::CAP, V::VERB, req_id, Some(budget), args)
-            })
+            .call_as(
+                (V::CAP, V::VERB),
+                req_id,
+                deadline,
+                |req_id, budget, trace| {
+                    codec::control_of(V::CAP, V::VERB, req_id, Some(budget), args, trace)
+                },
+            )
             .await?;
         let submitted = answer
             .decode::<TaskSubmitted>()

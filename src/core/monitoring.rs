@@ -297,6 +297,10 @@ fn copy_of(item: &Tapped, dropped: u64, body_max: usize) -> Option<CopyRecord> {
         body_len,
         truncated,
         grant: item.grant.as_deref().map(str::to_owned),
+        trace: c
+            .trace
+            .and_then(|t| crate::trace::TraceContext::from_item(t).ok())
+            .map(|cx| cx.trace_id_hex()),
     })
 }
 
@@ -331,7 +335,7 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
             _ => base,
         };
         let dropped = item.seq.saturating_sub(previous).saturating_sub(1);
-        let Some(record) = copy_of(&item, dropped, core.limits.copy_body_max) else {
+        let Some(mut record) = copy_of(&item, dropped, core.limits.copy_body_max) else {
             core.tap.count_dropped(1);
             continue;
         };
@@ -339,6 +343,10 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
         let deadline = tokio::time::Instant::now() + COPY_DEADLINE;
         let send = async {
             core.handle.wait_any_session(&cp, deadline).await;
+            // A control plane below protocol 3 knows no `trace` field.
+            if record.trace.is_some() && peer.version() < capwire_envelope::PROTOCOL_V3 {
+                record.trace = None;
+            }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             peer.notify_if(MonitoringCopy, record, left, || {
                 core.control.binding().epoch() == binding.epoch()

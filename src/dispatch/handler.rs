@@ -583,9 +583,12 @@ pub(crate) fn submit_task(
     let (sender, req_id) = (cx.sender, cx.req_id.as_str().to_owned());
     let (cap, verb) = (cap.into(), verb.into());
     let authority = cx.authority.clone();
+    // The task belongs to the submit's trace: its server span's context
+    // (or the caller's, as it came), kept with the task.
+    let trace = crate::trace::current();
     Box::pin(async move {
         let submitted = service
-            .submit(sender, req_id, &cap, &verb, bytes, start, authority)
+            .submit(sender, req_id, &cap, &verb, bytes, start, authority, trace)
             .await?;
         RawValue::encode(&submitted).map_err(|e| {
             HandlerError::new(

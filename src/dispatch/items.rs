@@ -133,6 +133,8 @@ impl From<StreamClosed> for HandlerError {
 pub struct Items<T> {
     served: Served,
     deadline: Instant,
+    /// Items sent (each an event on the stream's server span).
+    sent: u64,
     _item: PhantomData<fn(T)>,
 }
 
@@ -149,6 +151,7 @@ impl<T: Serialize> Items<T> {
         Self {
             served,
             deadline,
+            sent: 0,
             _item: PhantomData,
         }
     }
@@ -186,6 +189,8 @@ impl<T: Serialize> Items<T> {
             match s.out.send_item(&s.req_id, &frame, len, &holds) {
                 Ok(backlog) => {
                     s.counters.items_sent.fetch_add(1, Ordering::Relaxed);
+                    self.sent += 1;
+                    crate::trace::event_here("item", self.sent);
                     if backlog {
                         // A producer in a loop lets the writer run.
                         tokio::task::yield_now().await;

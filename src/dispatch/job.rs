@@ -12,6 +12,7 @@ use capwire_envelope::{ErrorBody, ErrorCode, NodeId, RawValue};
 use capwire_manifest::VerbKind;
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::dispatch::extract::Context;
 use crate::dispatch::handler::{BoxFuture, HandlerError};
@@ -137,71 +138,125 @@ pub(crate) fn start(
         stream,
         authority: authority.clone(),
     };
+    let info = job.permit.info();
+    let span = crate::trace::server_span(
+        info.cap().as_str(),
+        info.verb().as_str(),
+        &sender,
+        job.req_id.as_str(),
+        job.permit.class().as_str(),
+        job.permit.grant().map(|g| &**g),
+        job.trace.as_ref(),
+    );
+    let first = {
+        let _in_span = span.enter();
+        match &job.trace {
+            Some(t) => crate::trace::sync_scope(t.clone(), || first_poll(job, &mut cx, task)),
+            None => first_poll(job, &mut cx, task),
+        }
+    };
+    let future = match first {
+        Ok(future) => future,
+        Err(done) => {
+            end_span(&span, &done);
+            return Started::Done(done);
+        }
+    };
+    let future = match &job.trace {
+        Some(t) => Box::pin(crate::trace::scope(t.clone(), future)) as BoxFuture<_>,
+        None => future,
+    };
+    let token = cx.cancel.take().unwrap_or_else(|| parent.child_token());
+    let watch = token.clone();
+    // A stream runs only while the authority that opened it holds
+    // (a request that started runs to its answer).
+    let held = authority.filter(|_| serves_stream);
+    let rest = async move {
+        let lost = async {
+            match &held {
+                Some(a) => a.lost().await,
+                None => std::future::pending().await,
+            }
+        };
+        // A cancel wins over what the handler made of it: a stream
+        // handler whose session ended sees its items refused in the
+        // same wake-up as the cancel, and that is a cancelled call,
+        // not a failed one. So does the end of its authority.
+        tokio::select! {
+            biased;
+            () = watch.cancelled() => Finished::cancelled(),
+            why = lost, if held.is_some() => {
+                watch.cancel();
+                Finished::unauthorized(&why)
+            }
+            r = AssertUnwindSafe(future).catch_unwind() => match r {
+                Ok(Err(_)) if watch.is_cancelled() => Finished::cancelled(),
+                Ok(Err(e)) => match held.as_ref().map(|a| a.check()) {
+                    // Its items were refused for it.
+                    Some(Err(why)) => Finished::unauthorized(&why),
+                    _ => Finished::from_handler(Err(e)),
+                },
+                Ok(r) => Finished::from_handler(r),
+                Err(panic) => Finished::panicked(panic.as_ref()),
+            },
+            () = tokio::time::sleep_until(deadline) => {
+                // `Meta::cancel` promises to fire at the deadline,
+                // so work the handler handed off stops too.
+                watch.cancel();
+                Finished::err(
+                    ErrorCode::Timeout,
+                    "the handler ran out of its budget",
+                    Outcome::Cancelled,
+                )
+            }
+        }
+    };
+    let future = if span.is_disabled() {
+        Box::pin(rest) as Pin<Box<dyn Future<Output = Finished> + Send>>
+    } else {
+        let in_span = span.clone();
+        Box::pin(
+            async move {
+                let done = rest.await;
+                end_span(&in_span, &done);
+                done
+            }
+            .instrument(span),
+        )
+    };
+    Started::Waiting { future, token }
+}
+
+/// Starts the handler of `job` and polls it once: the future when it
+/// waits, how it ended when it did not.
+fn first_poll(
+    job: &Job,
+    cx: &mut Context,
+    task: &mut TaskContext<'_>,
+) -> Result<BoxFuture<Result<RawValue, HandlerError>>, Finished> {
     let handler = job.permit.handler().handler();
-    let mut future = match catch_unwind(AssertUnwindSafe(|| handler.start(&job.args, &mut cx))) {
+    let mut future = match catch_unwind(AssertUnwindSafe(|| handler.start(&job.args, cx))) {
         Ok(Ok(f)) => f,
         Ok(Err(e)) => {
-            return Started::Done(Finished::err(
+            return Err(Finished::err(
                 ErrorCode::BadArgs,
                 &format!("{e}"),
                 Outcome::BadArgs,
             ));
         }
-        Err(panic) => return Started::Done(Finished::panicked(panic.as_ref())),
+        Err(panic) => return Err(Finished::panicked(panic.as_ref())),
     };
     match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(task))) {
-        Ok(Poll::Ready(r)) => Started::Done(Finished::from_handler(r)),
-        Err(panic) => Started::Done(Finished::panicked(panic.as_ref())),
-        Ok(Poll::Pending) => {
-            let token = cx.cancel.take().unwrap_or_else(|| parent.child_token());
-            let watch = token.clone();
-            // A stream runs only while the authority that opened it holds
-            // (a request that started runs to its answer).
-            let held = authority.filter(|_| serves_stream);
-            let rest = async move {
-                let lost = async {
-                    match &held {
-                        Some(a) => a.lost().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                // A cancel wins over what the handler made of it: a stream
-                // handler whose session ended sees its items refused in the
-                // same wake-up as the cancel, and that is a cancelled call,
-                // not a failed one. So does the end of its authority.
-                tokio::select! {
-                    biased;
-                    () = watch.cancelled() => Finished::cancelled(),
-                    why = lost, if held.is_some() => {
-                        watch.cancel();
-                        Finished::unauthorized(&why)
-                    }
-                    r = AssertUnwindSafe(future).catch_unwind() => match r {
-                        Ok(Err(_)) if watch.is_cancelled() => Finished::cancelled(),
-                        Ok(Err(e)) => match held.as_ref().map(|a| a.check()) {
-                            // Its items were refused for it.
-                            Some(Err(why)) => Finished::unauthorized(&why),
-                            _ => Finished::from_handler(Err(e)),
-                        },
-                        Ok(r) => Finished::from_handler(r),
-                        Err(panic) => Finished::panicked(panic.as_ref()),
-                    },
-                    () = tokio::time::sleep_until(deadline) => {
-                        // `Meta::cancel` promises to fire at the deadline,
-                        // so work the handler handed off stops too.
-                        watch.cancel();
-                        Finished::err(
-                            ErrorCode::Timeout,
-                            "the handler ran out of its budget",
-                            Outcome::Cancelled,
-                        )
-                    }
-                }
-            };
-            Started::Waiting {
-                future: Box::pin(rest) as Pin<Box<dyn Future<Output = Finished> + Send>>,
-                token,
-            }
-        }
+        Ok(Poll::Ready(r)) => Err(Finished::from_handler(r)),
+        Err(panic) => Err(Finished::panicked(panic.as_ref())),
+        Ok(Poll::Pending) => Ok(future),
+    }
+}
+
+/// Records how the job ended on its server span.
+fn end_span(span: &tracing::Span, done: &Finished) {
+    match &done.result {
+        Ok(_) => crate::trace::record_end(span, "ok", true),
+        Err(body) => crate::trace::record_end(span, body.code.as_str(), false),
     }
 }

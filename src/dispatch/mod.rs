@@ -42,6 +42,8 @@ use extract::Extensions;
 use handler::RouteHandler;
 use metrics::{Metrics, Outcome};
 
+use crate::trace::{TraceContext, TraceCounters};
+
 /// A request or notification the chokepoint allowed, ready to run.
 pub(crate) struct Job {
     pub(crate) permit: OwnedPermit<RouteHandler>,
@@ -52,6 +54,9 @@ pub(crate) struct Job {
     pub(crate) deadline: Instant,
     /// It serves a stream (a stream verb, on a version-2 session).
     pub(crate) stream: bool,
+    /// The caller's trace context, when it sent a valid one on a session
+    /// of protocol 3.
+    pub(crate) trace: Option<TraceContext>,
 }
 
 impl Job {
@@ -126,6 +131,8 @@ pub(crate) struct Dispatcher {
     authorities: Arc<Authorities>,
     /// Where every decision is recorded.
     audit: Arc<AuditLog>,
+    /// The trace contexts received and dropped.
+    traces: TraceCounters,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -186,6 +193,7 @@ impl Dispatcher {
             delegations,
             authorities,
             audit,
+            traces: TraceCounters::default(),
         })
     }
 
@@ -195,14 +203,28 @@ impl Dispatcher {
 
     /// Records a decision the chokepoint answered itself (or dropped): no
     /// handler ran.
+    /// Its server span, for a caller that sent its trace context, ends
+    /// here too.
+    #[allow(clippy::too_many_arguments)]
     fn record_answer(
         &self,
         sender: &NodeId,
         c: &ControlRef<'_>,
+        trace: Option<&TraceContext>,
         class: &str,
         by: Option<&OwnedPermit<RouteHandler>>,
         outcome: &str,
     ) {
+        crate::trace::denied_span(
+            c.cap,
+            c.verb,
+            sender,
+            c.req_id.as_str(),
+            class,
+            by.and_then(|p| p.grant()).map(|g| &**g),
+            outcome,
+            trace,
+        );
         if !self.audit.is_on() {
             return;
         }
@@ -245,6 +267,11 @@ impl Dispatcher {
             Err(body) => body.code.as_str(),
         });
         self.audit.record(&e);
+    }
+
+    /// The trace contexts received and dropped.
+    pub(crate) fn traces(&self) -> &TraceCounters {
+        &self.traces
     }
 
     pub(crate) fn authorities(&self) -> &Arc<Authorities> {
@@ -296,6 +323,10 @@ impl Admission for Dispatcher {
         version: u32,
     ) -> Admit<Job> {
         let notification = c.req_id.is_fire_and_forget();
+        // The caller's trace context is judged first: a malformed one, or
+        // one on an older session, is dropped and counted, and the call
+        // goes on without it.
+        let trace = self.traces.read(c.trace, version);
         // Nothing goes on unrecorded: with a log that cannot be written,
         // every envelope is refused.
         if self.audit.is_failed() {
@@ -326,7 +357,7 @@ impl Admission for Dispatcher {
             } else {
                 "unknown_verb"
             };
-            self.record_answer(sender, c, "deny", None, outcome);
+            self.record_answer(sender, c, trace.as_ref(), "deny", None, outcome);
             return if notification {
                 Admit::Drop
             } else {
@@ -394,7 +425,7 @@ impl Admission for Dispatcher {
                 } else {
                     body.code.as_str()
                 };
-                self.record_answer(sender, c, class, None, said);
+                self.record_answer(sender, c, trace.as_ref(), class, None, said);
                 return if notification {
                     Admit::Drop
                 } else {
@@ -410,13 +441,27 @@ impl Admission for Dispatcher {
                 self.metrics.count(route, Outcome::WrongKind);
                 tracing::debug!(peer = %sender, cap = c.cap, verb = c.verb,
                     "request verb sent as a notification: dropped");
-                self.record_answer(sender, c, permit.class().as_str(), Some(&permit), "dropped");
+                self.record_answer(
+                    sender,
+                    c,
+                    trace.as_ref(),
+                    permit.class().as_str(),
+                    Some(&permit),
+                    "dropped",
+                );
                 return Admit::Drop;
             }
             (VerbKind::Notification, false) => {
                 self.metrics.count(route, Outcome::WrongKind);
                 let class = permit.class().as_str();
-                self.record_answer(sender, c, class, Some(&permit), "unknown_verb");
+                self.record_answer(
+                    sender,
+                    c,
+                    trace.as_ref(),
+                    class,
+                    Some(&permit),
+                    "unknown_verb",
+                );
                 return Admit::Answer(ErrorBody::new(
                     ErrorCode::UnknownVerb,
                     "this verb is a notification and takes no req_id",
@@ -429,7 +474,14 @@ impl Admission for Dispatcher {
         if notification {
             if self.is_shutting_down() {
                 self.metrics.count(route, Outcome::Cancelled);
-                self.record_answer(sender, c, permit.class().as_str(), Some(&permit), "dropped");
+                self.record_answer(
+                    sender,
+                    c,
+                    trace.as_ref(),
+                    permit.class().as_str(),
+                    Some(&permit),
+                    "dropped",
+                );
                 return Admit::Drop;
             }
             return Admit::Run(Job {
@@ -438,6 +490,7 @@ impl Admission for Dispatcher {
                 args,
                 deadline: deadline(now, None, self.max_handler_time),
                 stream: false,
+                trace,
             });
         }
 
@@ -457,7 +510,7 @@ impl Admission for Dispatcher {
                     self.metrics.count(route, Outcome::Replayed);
                     drop(ledger);
                     let class = permit.class().as_str();
-                    self.record_answer(sender, c, class, Some(&permit), "replayed");
+                    self.record_answer(sender, c, trace.as_ref(), class, Some(&permit), "replayed");
                     return Admit::Replay(frame);
                 }
                 Check::Running => (
@@ -477,7 +530,14 @@ impl Admission for Dispatcher {
                     self.metrics.count(route, Outcome::Cancelled);
                     drop(ledger);
                     let class = permit.class().as_str();
-                    self.record_answer(sender, c, class, Some(&permit), "cancelled");
+                    self.record_answer(
+                        sender,
+                        c,
+                        trace.as_ref(),
+                        class,
+                        Some(&permit),
+                        "cancelled",
+                    );
                     return Admit::Answer(ErrorBody::new(
                         ErrorCode::Cancelled,
                         "cancelled: the node is shutting down",
@@ -489,7 +549,7 @@ impl Admission for Dispatcher {
                     self.metrics.count(route, Outcome::Cancelled);
                     drop(ledger);
                     let class = permit.class().as_str();
-                    self.record_answer(sender, c, class, Some(&permit), "timeout");
+                    self.record_answer(sender, c, trace.as_ref(), class, Some(&permit), "timeout");
                     return Admit::Answer(ErrorBody::new(
                         ErrorCode::Timeout,
                         "the request came with a budget of 0 ms",
@@ -502,6 +562,7 @@ impl Admission for Dispatcher {
                         args,
                         deadline: deadline(now, c.budget_ms, self.max_handler_time),
                         stream,
+                        trace,
                     });
                 }
             };
@@ -515,6 +576,7 @@ impl Admission for Dispatcher {
         self.record_answer(
             sender,
             c,
+            trace.as_ref(),
             permit.class().as_str(),
             Some(&permit),
             code.as_str(),

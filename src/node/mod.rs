@@ -118,6 +118,8 @@ impl Node {
         stats.grants_refused = counts.refused;
         stats.grant_holders = grants.holders();
         stats.grant_revocations = grants.revocations();
+        (stats.trace_contexts_accepted, stats.trace_contexts_dropped) =
+            self.rt.dispatcher.traces().figures();
         for session in self.rt.peers.sessions() {
             let core = session.lock();
             stats.pending_calls += core.pending_calls();

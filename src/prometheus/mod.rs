@@ -401,6 +401,21 @@ fn write_stats(s: &NodeStats, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
         "Grant revocations kept.",
         s.grant_revocations,
     )?;
+    counter(
+        enc,
+        "capwire_trace_contexts_accepted",
+        "W3C trace contexts received with calls and believed.",
+        s.trace_contexts_accepted,
+    )?;
+    family(
+        enc,
+        "capwire_trace_contexts_dropped",
+        "Trace contexts dropped (the calls served without them), by reason.",
+        MetricType::Counter,
+        s.trace_contexts_dropped
+            .iter()
+            .map(|(reason, n)| ([("reason", *reason)], ConstCounter::new(*n))),
+    )?;
     Ok(())
 }
 

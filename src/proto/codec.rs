@@ -84,7 +84,9 @@ pub(crate) fn hellos(manifest: &Manifest, limits: WireLimits) -> Result<Hellos, 
     })
 }
 
-/// A `control` frame: a request (non-empty `req_id`) or a notification.
+/// A `control` frame: a request (non-empty `req_id`) or a notification;
+/// `trace`, the caller's trace context item, only on a session of
+/// protocol 3.
 ///
 /// # Errors
 /// `cap` or `verb` longer than the frame allows.
@@ -94,15 +96,17 @@ pub(crate) fn control(
     req_id: &ReqId,
     budget_ms: Option<u64>,
     args: &RawValue,
+    trace: Option<&[u8]>,
 ) -> Result<Bytes, EncodeError> {
     let mut out = Vec::with_capacity(
         capwire_envelope::CONTROL_OVERHEAD
             + cap.len()
             + verb.len()
             + req_id.as_bytes().len()
-            + args.as_bytes().len(),
+            + args.as_bytes().len()
+            + trace.map_or(0, <[u8]>::len),
     );
-    encode_control_value(&mut out, cap, verb, req_id, budget_ms, args)?;
+    encode_control_value(&mut out, cap, verb, req_id, budget_ms, args, trace)?;
     Ok(frozen(out))
 }
 
@@ -117,11 +121,19 @@ pub(crate) fn control_of<T: serde::Serialize + ?Sized>(
     req_id: &ReqId,
     budget_ms: Option<u64>,
     args: &T,
+    trace: Option<&[u8]>,
 ) -> Result<Bytes, EncodeError> {
     let mut out = Vec::with_capacity(
-        capwire_envelope::CONTROL_OVERHEAD + cap.len() + verb.len() + req_id.as_bytes().len() + 64,
+        capwire_envelope::CONTROL_OVERHEAD
+            + cap.len()
+            + verb.len()
+            + req_id.as_bytes().len()
+            + trace.map_or(0, <[u8]>::len)
+            + 64,
     );
-    capwire_envelope::encode_control_serialize(&mut out, cap, verb, req_id, budget_ms, args)?;
+    capwire_envelope::encode_control_serialize(
+        &mut out, cap, verb, req_id, budget_ms, args, trace,
+    )?;
     Ok(frozen(out))
 }
 
@@ -237,7 +249,7 @@ mod tests {
             cancel(&id),
             close(CloseCode::Shutdown, "bye"),
             error(&id, ErrorCode::Overloaded, "busy"),
-            control("app.x", "y", &id, Some(5), &RawValue::null()).unwrap(),
+            control("app.x", "y", &id, Some(5), &RawValue::null(), None).unwrap(),
         ] {
             decode_frame(&frame).unwrap();
         }

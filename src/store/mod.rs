@@ -25,6 +25,7 @@ use capwire_envelope::NodeId;
 pub(crate) use records::{
     AnswerKey, AnswerRecord, BindingRecord, ConfigRecord, ContactRecord, MemberRecord,
     RevocationEntry, RevocationsRecord, RosterMeta, TaskAuthority, TaskEventRecord, TaskRecord,
+    TaskTrace,
 };
 
 /// Everything a store holds, read once when the node starts.

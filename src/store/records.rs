@@ -151,6 +151,21 @@ pub(crate) struct TaskRecord {
     /// records written before tasks kept it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) authority: Option<TaskAuthority>,
+    /// The trace context of its submit: its handler runs in that trace,
+    /// also when it is resumed after a restart (absent when the submit
+    /// came without one, and in records written before tasks kept it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) trace: Option<TaskTrace>,
+}
+
+/// The trace context a task belongs to (W3C `traceparent` and
+/// `tracestate`, as text).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TaskTrace {
+    pub(crate) traceparent: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) tracestate: Option<String>,
 }
 
 /// What let a task of a controller verb through: it runs only while that

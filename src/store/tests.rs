@@ -347,6 +347,7 @@ fn task(n: u8, state: capwire_manifest::TaskState, seq: u64, first_seq: u64) -> 
         progress_seq: (seq > 1).then_some(seq),
         error: None,
         authority: None,
+        trace: None,
     }
 }
 
@@ -830,6 +831,7 @@ mod tasks {
             error: (state == TaskState::Failed)
                 .then(|| ErrorBody::new(ErrorCode::Internal, "it broke")),
             authority: None,
+            trace: None,
         }
     }
 
@@ -1052,6 +1054,7 @@ mod tasks {
                 "app.x",
                 "go",
                 vec![0xf6],
+                None,
                 None,
                 &|_: &NodeId| false,
                 0,

@@ -42,9 +42,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::{AuditLog, Entry, Kind};
 use crate::authority::{Authorities, Authority, Basis};
-use crate::store::{Store, StoreError, TaskAuthority, TaskEventRecord, TaskRecord};
+use crate::store::{Store, StoreError, TaskAuthority, TaskEventRecord, TaskRecord, TaskTrace};
 use crate::time::unix_ms;
+use crate::trace::TraceContext;
 pub(crate) use table::{Change, TaskId, TaskLimits, TaskTable};
+use tracing::Instrument;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -95,6 +97,8 @@ enum Cmd {
         start: Start,
         /// For a controller verb: the authority it was admitted on.
         authority: Option<Arc<Authority>>,
+        /// The submit's trace context.
+        trace: Option<TraceContext>,
         reply: oneshot::Sender<Result<TaskSubmitted, ErrorBody>>,
     },
     Append {
@@ -126,6 +130,14 @@ enum Cmd {
     Expire,
 }
 
+/// What a task's handler is traced as: its verb, and the trace context of
+/// its submit.
+struct Traced {
+    cap: String,
+    verb: String,
+    trace: Option<TraceContext>,
+}
+
 /// What to do once a round is written.
 enum Done {
     Reply(
@@ -144,7 +156,7 @@ enum Done {
         oneshot::Sender<Result<bool, ErrorBody>>,
         Result<bool, ErrorBody>,
     ),
-    Run(TaskId, Start, bool, Option<Arc<Authority>>),
+    Run(TaskId, Start, bool, Option<Arc<Authority>>, Traced),
     Answer(TaskId, RawValue),
     Stop(TaskId),
 }
@@ -368,7 +380,8 @@ impl TaskService {
     /// the same `req_id` from the same sender gets the same task, and
     /// starts nothing new (and on another verb, `duplicate`). A task of a
     /// controller verb runs under `authority`, and fails `unauthorized`
-    /// when it ends.
+    /// when it ends. Its handler runs in the trace of `trace` (the
+    /// submit's context, kept with the task).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn submit(
         &self,
@@ -379,6 +392,7 @@ impl TaskService {
         args: Vec<u8>,
         start: Start,
         authority: Option<Arc<Authority>>,
+        trace: Option<TraceContext>,
     ) -> Result<TaskSubmitted, ErrorBody> {
         let (reply, rx) = oneshot::channel();
         self.send(Cmd::Submit {
@@ -389,6 +403,7 @@ impl TaskService {
             args,
             start,
             authority,
+            trace,
             reply,
         })
         .await?;
@@ -414,7 +429,12 @@ impl TaskService {
             reply: Some(reply),
         })
         .await?;
-        rx.await.map_err(|_| internal("the task service stopped"))?
+        let seq = rx
+            .await
+            .map_err(|_| internal("the task service stopped"))??;
+        // An event of the task's span (its handler and runner run in it).
+        crate::trace::event_here(kind.as_str(), seq);
+        Ok(seq)
     }
 
     /// Waits for the answer to the question the handler of `id` is about
@@ -765,8 +785,8 @@ impl TaskService {
                 Done::Flag(tx, r) => {
                     let _ = tx.send(r);
                 }
-                Done::Run(id, start, resumed, authority) => {
-                    self.spawn(id, start, resumed, authority);
+                Done::Run(id, start, resumed, authority, traced) => {
+                    self.spawn(id, start, resumed, authority, traced);
                 }
                 Done::Answer(id, answer) => {
                     let slot = lock(&self.runs).get_mut(&id).and_then(|r| r.answer.take());
@@ -801,6 +821,7 @@ impl TaskService {
                 args,
                 start,
                 authority,
+                trace,
                 reply,
             } => {
                 if let Some(id) = staged.by_origin(&sender, &req_id) {
@@ -837,8 +858,13 @@ impl TaskService {
                 };
                 let kept = authority.as_ref().map(|a| task_authority(a.basis()));
                 let priority = self.priority();
+                let stored = trace.as_ref().map(|t| TaskTrace {
+                    traceparent: t.traceparent(),
+                    tracestate: t.tracestate().map(str::to_owned),
+                });
                 match staged.submit(
-                    limits, id, sender, &req_id, &cap, &verb, args, kept, &priority, now, change,
+                    limits, id, sender, &req_id, &cap, &verb, args, kept, stored, &priority, now,
+                    change,
                 ) {
                     Ok(_) => {
                         done.push(Done::Reply(
@@ -848,7 +874,8 @@ impl TaskService {
                                 state: TaskState::Submitted,
                             }),
                         ));
-                        done.push(Done::Run(id, start, false, authority));
+                        let traced = Traced { cap, verb, trace };
+                        done.push(Done::Run(id, start, false, authority, traced));
                     }
                     Err(e) => done.push(Done::Reply(reply, Err(e))),
                 }
@@ -1077,6 +1104,7 @@ impl TaskService {
         start: Start,
         resumed: bool,
         authority: Option<Arc<Authority>>,
+        traced: Traced,
     ) {
         let me = self.clone();
         let cancel = self.stopping.child_token();
@@ -1090,8 +1118,22 @@ impl TaskService {
         );
         let task = task::Task::new(id, me.clone(), cancel.clone(), resumed);
         let future = start(task);
+        // The handler runs in the trace of its submit: in a span whose
+        // parent is the submit's context, with that context as the one it
+        // was called with.
+        let span = crate::trace::task_span(
+            &traced.cap,
+            &traced.verb,
+            &id.to_string(),
+            traced.trace.as_ref(),
+        );
+        let future = match traced.trace {
+            Some(cx) => Box::pin(crate::trace::scope(cx, future)) as BoxFuture<_>,
+            None => future,
+        };
         let stopping = self.stopping.clone();
-        self.runners.spawn(async move {
+        let in_span = span.clone();
+        let runner = async move {
             if !resumed {
                 let _ = me
                     .append(id, TaskEventKind::State, TaskState::Working, null(), None)
@@ -1158,6 +1200,10 @@ impl TaskService {
             } else {
                 "error"
             };
+            match &error {
+                None => crate::trace::record_end(&in_span, "ok", true),
+                Some(e) => crate::trace::record_end(&in_span, e.code.as_str(), false),
+            }
             let ended = match me.append(id, kind, state, body, error).await {
                 // A result (or an error's detail) over `max_task_body` is
                 // not kept, but the task still ends: failed, `too_large`.
@@ -1177,7 +1223,8 @@ impl TaskService {
             {
                 tracing::warn!(task = %id, error = %e, "a task's end was not written");
             }
-        });
+        };
+        self.runners.spawn(runner.instrument(span));
     }
 
     /// After a restart: each task that had not ended is resumed when its
@@ -1245,8 +1292,15 @@ impl TaskService {
                 ),
                 _ => None,
             };
+            let traced = Traced {
+                cap: record.cap.clone(),
+                verb: record.verb.clone(),
+                trace: record.trace.as_ref().and_then(|t| {
+                    TraceContext::parse(&t.traceparent, t.tracestate.as_deref()).ok()
+                }),
+            };
             match start {
-                Some(start) if fresh => done.push(Done::Run(id, start, false, authority)),
+                Some(start) if fresh => done.push(Done::Run(id, start, false, authority, traced)),
                 Some(start) => {
                     let body = capwire_envelope::to_vec("resumed").unwrap_or_else(|_| null());
                     staged.append(
@@ -1259,7 +1313,7 @@ impl TaskService {
                         now,
                         &mut change,
                     );
-                    done.push(Done::Run(id, start, true, authority));
+                    done.push(Done::Run(id, start, true, authority, traced));
                 }
                 None => {
                     let error = ErrorBody::new(

@@ -13,7 +13,7 @@ use std::fmt;
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
 use capwire_manifest::{TaskEventKind, TaskState};
 
-use crate::store::{Batch, TaskAuthority, TaskEventRecord, TaskRecord};
+use crate::store::{Batch, TaskAuthority, TaskEventRecord, TaskRecord, TaskTrace};
 
 /// A task's id: 16 random bytes, written as 32 lowercase hex digits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -220,6 +220,7 @@ impl TaskTable {
         verb: &str,
         args: Vec<u8>,
         authority: Option<TaskAuthority>,
+        trace: Option<TaskTrace>,
         priority: &dyn Fn(&NodeId) -> bool,
         now: u64,
         change: &mut Change,
@@ -278,6 +279,7 @@ impl TaskTable {
             progress_seq: None,
             error: None,
             authority,
+            trace,
         };
         self.next_order += 1;
         let event = TaskEventRecord {
@@ -494,6 +496,7 @@ mod tests {
             "go",
             vec![],
             None,
+            None,
             &stranger,
             0,
             &mut c,
@@ -507,6 +510,7 @@ mod tests {
             "app.x",
             "go",
             vec![],
+            None,
             None,
             &stranger,
             0,
@@ -522,6 +526,7 @@ mod tests {
             "go",
             vec![],
             None,
+            None,
             &stranger,
             0,
             &mut c,
@@ -536,6 +541,7 @@ mod tests {
             "go",
             vec![],
             None,
+            None,
             &stranger,
             0,
             &mut c,
@@ -549,6 +555,7 @@ mod tests {
             "app.x",
             "go",
             vec![],
+            None,
             None,
             &stranger,
             0,
@@ -576,6 +583,7 @@ mod tests {
             "app.x",
             "go",
             vec![],
+            None,
             None,
             &stranger,
             0,
@@ -669,6 +677,7 @@ mod tests {
                 "app.x",
                 "go",
                 vec![],
+                None,
                 None,
                 &stranger,
                 0,

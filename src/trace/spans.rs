@@ -1,0 +1,225 @@
+//! The spans of calls, streams and tasks, as `tracing` spans of target
+//! [`SPAN_TARGET`]. With the `otel` feature they take their parents from
+//! W3C contexts and give theirs to the wire (through
+//! `tracing-opentelemetry`); without it they are plain `tracing` spans and
+//! contexts pass through as they came.
+//!
+//! Every function here costs one branch when no subscriber is interested
+//! in [`SPAN_TARGET`]: the span macros test the callsite's interest before
+//! they evaluate a field.
+
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::trace::TraceContext;
+
+/// The target of every span and span event capwire makes for a call. A
+/// subscriber turns them on or off by it (`capwire::otel=info`).
+pub const SPAN_TARGET: &str = "capwire::otel";
+
+/// The server span of a call from `sender` to `cap`/`verb`, admitted as
+/// `class`; its parent is the caller's context `parent`.
+pub(crate) fn server_span(
+    cap: &str,
+    verb: &str,
+    sender: &capwire_envelope::NodeId,
+    req_id: &str,
+    class: &str,
+    grant: Option<&str>,
+    parent: Option<&TraceContext>,
+) -> Span {
+    let span = tracing::info_span!(
+        target: SPAN_TARGET,
+        "capwire.server",
+        otel.name = %format_args!("{cap}/{verb}"),
+        otel.kind = "server",
+        otel.status_code = Empty,
+        rpc.system = "capwire",
+        rpc.service = cap,
+        rpc.method = verb,
+        capwire.peer = %sender,
+        capwire.req_id = req_id,
+        capwire.class = class,
+        capwire.grant = grant,
+        capwire.outcome = Empty,
+    );
+    if !span.is_disabled() {
+        link::set_parent(&span, parent);
+    }
+    span
+}
+
+/// A server span for a call the chokepoint answered itself (denied,
+/// replayed, refused for bounds): made and ended at once.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn denied_span(
+    cap: &str,
+    verb: &str,
+    sender: &capwire_envelope::NodeId,
+    req_id: &str,
+    class: &str,
+    grant: Option<&str>,
+    outcome: &str,
+    parent: Option<&TraceContext>,
+) {
+    let span = server_span(cap, verb, sender, req_id, class, grant, parent);
+    record_end(&span, outcome, outcome == "replayed");
+}
+
+/// The client span of a call from this node to `peer`'s `cap`/`verb`; its
+/// parent is `parent` when given, else the current span.
+pub(crate) fn client_span(
+    cap: &str,
+    verb: &str,
+    peer: &capwire_envelope::NodeId,
+    parent: Option<&TraceContext>,
+) -> Span {
+    let span = tracing::info_span!(
+        target: SPAN_TARGET,
+        "capwire.client",
+        otel.name = %format_args!("{cap}/{verb}"),
+        otel.kind = "client",
+        otel.status_code = Empty,
+        rpc.system = "capwire",
+        rpc.service = cap,
+        rpc.method = verb,
+        capwire.peer = %peer,
+        capwire.outcome = Empty,
+    );
+    if !span.is_disabled() && parent.is_some() {
+        link::set_parent(&span, parent);
+    }
+    span
+}
+
+/// The span a task's handler runs in, a child of the submit's context
+/// `parent` (kept with the task, so a resumed task stays in its trace).
+pub(crate) fn task_span(
+    cap: &str,
+    verb: &str,
+    task_id: &str,
+    parent: Option<&TraceContext>,
+) -> Span {
+    let span = tracing::info_span!(
+        target: SPAN_TARGET,
+        "capwire.task",
+        otel.name = %format_args!("task {cap}/{verb}"),
+        otel.kind = "internal",
+        otel.status_code = Empty,
+        rpc.system = "capwire",
+        rpc.service = cap,
+        rpc.method = verb,
+        capwire.task = task_id,
+        capwire.outcome = Empty,
+    );
+    if !span.is_disabled() {
+        link::set_parent(&span, parent);
+    }
+    span
+}
+
+/// Records how the work of `span` ended: `outcome` (`ok` or an error
+/// code), an error status unless `ok`.
+pub(crate) fn record_end(span: &Span, outcome: &str, ok: bool) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("capwire.outcome", outcome);
+    if !ok {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+/// One event of a stream or a task on `span`: `what` (`item`, `progress`,
+/// `question`, ...) with its sequence number.
+pub(crate) fn item_event(span: &Span, what: &'static str, seq: u64) {
+    if span.is_disabled() {
+        return;
+    }
+    tracing::info!(target: SPAN_TARGET, parent: span, seq, "{what}");
+}
+
+/// One event of the work running now (a stream's item, a task's event),
+/// on the current span.
+pub(crate) fn event_here(what: &'static str, seq: u64) {
+    tracing::info!(target: SPAN_TARGET, seq, "{what}");
+}
+
+/// The W3C context of `span`, if it is recorded by an OpenTelemetry
+/// layer (with the `otel` feature).
+pub(crate) fn context_of(span: &Span) -> Option<TraceContext> {
+    if span.is_disabled() {
+        return None;
+    }
+    link::context_of(span)
+}
+
+#[cfg(feature = "otel")]
+mod link {
+    //! The bridge to OpenTelemetry's span contexts.
+
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
+    };
+    use tracing::Span;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    use crate::trace::TraceContext;
+
+    pub(super) fn set_parent(span: &Span, parent: Option<&TraceContext>) {
+        let Some(p) = parent else {
+            return;
+        };
+        let state = p
+            .tracestate()
+            .and_then(|s| s.parse::<TraceState>().ok())
+            .unwrap_or_default();
+        let flags = if p.sampled() {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        let remote = SpanContext::new(
+            TraceId::from_bytes(p.trace_id()),
+            SpanId::from_bytes(p.span_id()),
+            flags,
+            true,
+            state,
+        );
+        let cx = opentelemetry::Context::new().with_remote_span_context(remote);
+        // Refused only for a span already entered: ours are not.
+        let _ = span.set_parent(cx);
+    }
+
+    pub(super) fn context_of(span: &Span) -> Option<TraceContext> {
+        let cx = span.context();
+        let otel = cx.span();
+        let sc = otel.span_context();
+        if !sc.is_valid() {
+            return None;
+        }
+        let state = sc.trace_state().header();
+        TraceContext::from_parts(
+            sc.trace_id().to_bytes(),
+            sc.span_id().to_bytes(),
+            sc.is_sampled(),
+            (!state.is_empty()).then_some(state.as_str()),
+        )
+        .ok()
+    }
+}
+
+#[cfg(not(feature = "otel"))]
+mod link {
+    //! Without OpenTelemetry, spans have no W3C context of their own.
+
+    use tracing::Span;
+
+    use crate::trace::TraceContext;
+
+    pub(super) fn set_parent(_: &Span, _: Option<&TraceContext>) {}
+
+    pub(super) fn context_of(_: &Span) -> Option<TraceContext> {
+        None
+    }
+}
