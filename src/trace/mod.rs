@@ -59,6 +59,15 @@ pub fn current() -> Option<TraceContext> {
     context_of(&tracing::Span::current()).or_else(inbound)
 }
 
+/// Makes `cx` the parent of `span` (a span of this process that continues
+/// a trace that came from elsewhere: an HTTP header, an MCP request's
+/// `_meta`). With the `otel` feature and a span recorded by an
+/// OpenTelemetry layer; otherwise nothing. Call it before the span is
+/// first entered.
+pub fn set_parent(span: &tracing::Span, cx: &TraceContext) {
+    spans::set_parent(span, cx);
+}
+
 /// The context the running handler was called with, as it came.
 pub(crate) fn inbound() -> Option<TraceContext> {
     INBOUND.try_with(Clone::clone).ok()

@@ -145,6 +145,13 @@ pub(crate) fn event_here(what: &'static str, seq: u64) {
     tracing::info!(target: SPAN_TARGET, seq, "{what}");
 }
 
+/// Makes `cx` the parent of `span`, when it is recorded.
+pub(crate) fn set_parent(span: &Span, cx: &TraceContext) {
+    if !span.is_disabled() {
+        link::set_parent(span, Some(cx));
+    }
+}
+
 /// The W3C context of `span`, if it is recorded by an OpenTelemetry
 /// layer (with the `otel` feature).
 pub(crate) fn context_of(span: &Span) -> Option<TraceContext> {

@@ -9,6 +9,7 @@ mod exit;
 mod keygen;
 mod mcp;
 mod node;
+mod otel;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -77,14 +78,33 @@ fn main() -> ExitCode {
         Command::Ctl(_) => "error",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(log_colour())
-        .init();
+    // Spans of calls (target capwire::otel) go to the OpenTelemetry export
+    // when one is configured, never to the log.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level))
+        .add_directive(otel::QUIET.parse().unwrap_or_default());
+    let service = match cli.command {
+        Command::Node(_) => "capwire-node",
+        Command::Ctl(_) => "capwire-ctl",
+        Command::Mcp(_) => "capwire-mcp",
+        Command::Demo(_) => "capwire-demo",
+        _ => "capwire",
+    };
+    let export = otel::Otel::from_env(service);
+    {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        let log = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(log_colour())
+            .with_filter(filter);
+        let registry = tracing_subscriber::registry().with(log);
+        match &export {
+            Some(e) => registry.with(e.layer()).init(),
+            None => registry.init(),
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -104,6 +124,9 @@ fn main() -> ExitCode {
     });
     // Tasks still running (a watch, a forwarding server) are not waited for.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    if let Some(e) = export {
+        e.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

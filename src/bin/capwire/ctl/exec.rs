@@ -379,6 +379,8 @@ impl Ctx {
                 answer,
                 req_id,
                 token,
+                trace,
+                parent,
             } => {
                 let (peer, cap, verb) = call_target(peer.as_deref(), &target)?;
                 // Bad input is a usage error whether or not the node is up.
@@ -412,6 +414,25 @@ impl Ctx {
                     self.present(&session, &entry.name, token).await?;
                 }
                 let kind = check_kind(&session, &entry.name, &cap, &verb, stream, notify, wait)?;
+                // The command's span (exported when OTLP is configured) is
+                // the root of the call's trace, and lives until it ends.
+                let _root;
+                let session = if trace {
+                    let parent = parent.and_then(|(tp, ts)| {
+                        capwire::trace::TraceContext::parse(&tp, ts.as_deref()).ok()
+                    });
+                    let (span, cx) = trace_root(&cap, &verb, parent.as_ref());
+                    _root = span;
+                    emit(
+                        out,
+                        json!({"kind": "trace", "trace_id": cx.trace_id_hex(),
+                               "traceparent": cx.traceparent()}),
+                    )
+                    .await?;
+                    session.with_trace(cx)
+                } else {
+                    session
+                };
                 if stream {
                     return self
                         .stream(&session, &entry.name, &cap, &verb, &args, timeout, out)
@@ -989,9 +1010,36 @@ impl Ctx {
             "peer": self.book().name_of(&record.peer), "peer_id": record.peer.to_string(),
             "at_ms": record.at_ms, "cap": record.cap, "verb": record.verb,
             "req_id": record.req_id, "body": body, "body_len": record.body_len,
-            "truncated": record.truncated,
+            "truncated": record.truncated, "trace": record.trace,
         })
     }
+}
+
+/// The root of a `call --trace` (or, under `parent`, the continuation of
+/// the caller's trace): the command's own span when an OpenTelemetry
+/// export records it (its context then names it as the parent), else a
+/// context of its own, a child of `parent` or a new trace.
+fn trace_root(
+    cap: &str,
+    verb: &str,
+    parent: Option<&capwire::trace::TraceContext>,
+) -> (tracing::Span, capwire::trace::TraceContext) {
+    let span = tracing::info_span!(
+        target: capwire::trace::SPAN_TARGET,
+        "capwire.ctl",
+        otel.name = %format_args!("ctl call {cap}/{verb}"),
+        otel.kind = "internal",
+    );
+    if let Some(p) = parent {
+        capwire::trace::set_parent(&span, p);
+    }
+    let cx = span.in_scope(capwire::trace::current).unwrap_or_else(|| {
+        parent.map_or_else(
+            || capwire::trace::TraceContext::new_root(true),
+            capwire::trace::TraceContext::child,
+        )
+    });
+    (span, cx)
 }
 
 /// Runs its function with the last count it was given when it drops,

@@ -156,6 +156,21 @@ pub(crate) enum CtlCommand {
         #[arg(long, value_name = "TOKEN")]
         #[serde(default)]
         token: Option<String>,
+        /// Start a new trace (W3C trace context) for this call, print its
+        /// id first (a line `trace ID`, or with --json the record
+        /// {"kind":"trace","trace_id":ID,"traceparent":...}) and send its
+        /// context with the call (to a node that speaks protocol 3). With
+        /// an OTLP exporter configured (OTEL_EXPORTER_OTLP_ENDPOINT), the
+        /// command's own span is the trace's root.
+        #[arg(long)]
+        #[serde(default)]
+        trace: bool,
+        /// With `trace`: the caller's W3C context (`traceparent`,
+        /// `tracestate`) the trace continues (the MCP face's
+        /// `_meta.traceparent`); a malformed one starts a new trace.
+        #[arg(skip)]
+        #[serde(default)]
+        parent: Option<(String, Option<String>)>,
     },
     /// Grants a node (--to) a narrow, expiring right to some controller
     /// verbs of a node this control plane binds, and prints the token

@@ -175,6 +175,9 @@ pub(crate) fn copy_line(r: &Json) -> String {
         let body: String = body.chars().take(60).collect();
         let _ = write!(line, " {body}");
     }
+    if let Some(trace) = r["trace"].as_str() {
+        let _ = write!(line, " trace={trace}");
+    }
     let dropped = r["dropped"].as_u64().unwrap_or(0);
     if dropped > 0 {
         let _ = write!(line, "  ({dropped} copies dropped before this one)");
@@ -245,6 +248,7 @@ pub(crate) fn human(r: &Json) -> String {
             );
         }
         "done" => out = s(r, "message").to_owned(),
+        "trace" => out = format!("trace {}", s(r, "trace_id")),
         // The token alone, so that `TOKEN=$(capwire ctl grant ...)` works.
         "grant" => out = s(r, "token").to_owned(),
         "identity" => {

@@ -130,6 +130,10 @@ impl Face {
             answer: None,
             req_id: None,
             token: None,
+            // The client's trace continues into the cluster; a call
+            // without one starts a new trace.
+            trace: true,
+            parent: traceparent_of(&context.meta),
         };
         tokio::select! {
             result = self.run(tool, command, progress) => Ok(result),
@@ -180,6 +184,13 @@ impl Face {
             }
         }
     }
+}
+
+/// The W3C trace context in a request's `_meta` (`traceparent`, and
+/// `tracestate` when it is text), as MCP reserves them.
+fn traceparent_of(meta: &rmcp::model::RequestMetaObject) -> Option<(String, Option<String>)> {
+    let parent = meta.get_traceparent()?.to_owned();
+    Some((parent, meta.get_tracestate().map(str::to_owned)))
 }
 
 /// Ends the command's task when the call is dropped (cancelled).
