@@ -33,6 +33,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "time.rs",
             "contact.rs",
             "store/",
+            "trace/",
         ],
     ),
     ("protocol", &["proto/"]),
