@@ -29,6 +29,7 @@
 //! | Peer cuts the stream without a close record | `peer_cut_mid_request`, `truncated_message_then_end_of_stream` | `item06_*`, tests/calls.rs |
 //! | Prologue or protocol-name mismatch | `prologue_or_protocol_name_mismatch` | `item07_*` |
 //! | An older peer, or a hello that claims less than it shows (protocol 3, the audit log) | `a_version_2_control_plane_never_sees_core_audit`, `a_version_3_stranger_is_refused_the_audit_log`, `a_hello_showing_core_audit_under_protocol_2`, `a_trace_context_never_costs_a_call` | tests/audit.rs (tampering, crash, flood), tests/python_peer.rs (a version-2 peer from WIRE.md) |
+//! | Trace contexts (WIRE.md 2.2): a malformed `traceparent`, all-zero ids, an oversize `tracestate` or one of 33 members, a `trace` item that is no map, a context on a protocol-2 session (each dropped and counted by reason, the call answered, the session kept); a node's contexts go only to protocol-3 peers | `a_malformed_traceparent_is_dropped_and_counted`, `an_all_zero_trace_id_is_dropped_and_counted`, `an_oversize_tracestate_is_dropped_and_counted`, `a_tracestate_of_33_members_is_dropped_and_counted`, `a_trace_item_that_is_no_map_is_dropped_and_counted`, `a_context_on_a_protocol_2_session_is_dropped_and_counted`, `no_trace_item_goes_to_a_peer_below_protocol_3`, `a_trace_item_goes_to_a_protocol_3_peer` | src/trace/context.rs unit tests, tests/trace.rs, tests/trace_forward.rs |
 //! | Out-of-turn, repeated, short or long handshake messages | `handshake_messages_out_of_turn_repeated_short_long`, `replayed_and_reflected_handshakes`, `requests_before_a_valid_hello` (frames out of turn after it) | `item08_*` |
 //! | Low-order remote ephemeral or static key, all points and encodings | `low_order_ephemeral_keys`, `low_order_static_keys` (forged handshakes, both roles, with a genuine-key control) | `item09_*`, transport/src/handshake.rs unit tests |
 //! | Static key unknown to the contact policy, our own, or bit 255 flipped | `static_keys_judged_in_canonical_form` | `item10_*` |
@@ -85,7 +86,7 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 use kit::{
     audit, bind, bounds, chokepoint, faults, frames, handshake, ledger, linger, records, streams,
-    tasks,
+    tasks, trace,
 };
 
 /// Declares the attacks: one test each, and the list of their names.
@@ -217,6 +218,24 @@ attacks! {
         => audit::a_hello_showing_core_audit_under_protocol_2;
     real a_trace_context_never_costs_a_call(Setup::tcp())
         => audit::a_trace_context_never_costs_a_call;
+
+    // Trace contexts, each way.
+    real a_malformed_traceparent_is_dropped_and_counted(Setup::tcp())
+        => trace::a_malformed_traceparent_is_dropped_and_counted;
+    real an_all_zero_trace_id_is_dropped_and_counted(Setup::tcp())
+        => trace::an_all_zero_trace_id_is_dropped_and_counted;
+    real an_oversize_tracestate_is_dropped_and_counted(Setup::tcp())
+        => trace::an_oversize_tracestate_is_dropped_and_counted;
+    real a_tracestate_of_33_members_is_dropped_and_counted(Setup::tcp())
+        => trace::a_tracestate_of_33_members_is_dropped_and_counted;
+    real a_trace_item_that_is_no_map_is_dropped_and_counted(Setup::tcp())
+        => trace::a_trace_item_that_is_no_map_is_dropped_and_counted;
+    real a_context_on_a_protocol_2_session_is_dropped_and_counted(Setup::tcp())
+        => trace::a_context_on_a_protocol_2_session_is_dropped_and_counted;
+    real no_trace_item_goes_to_a_peer_below_protocol_3(Setup::tcp())
+        => trace::no_trace_item_goes_to_a_peer_below_protocol_3;
+    real a_trace_item_goes_to_a_protocol_3_peer(Setup::tcp())
+        => trace::a_trace_item_goes_to_a_protocol_3_peer;
 
     // The bind ceremony.
     real bind_wrong_code_three_times(Setup::tcp()) => bind::bind_wrong_code_three_times;

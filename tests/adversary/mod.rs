@@ -20,6 +20,7 @@ pub mod linger;
 pub mod records;
 pub mod streams;
 pub mod tasks;
+pub mod trace;
 
 use std::time::Duration;
 
