@@ -157,7 +157,8 @@ enum Done {
         Result<bool, ErrorBody>,
     ),
     Run(TaskId, Start, bool, Option<Arc<Authority>>, Traced),
-    Answer(TaskId, RawValue),
+    /// The answer, and the seq of its event.
+    Answer(TaskId, RawValue, u64),
     Stop(TaskId),
 }
 
@@ -166,7 +167,7 @@ enum Done {
 struct Run {
     cancel: CancellationToken,
     /// The handler waits for an answer here.
-    answer: Option<oneshot::Sender<RawValue>>,
+    answer: Option<oneshot::Sender<(RawValue, u64)>>,
     /// Whether an answer fits the type the handler asked for.
     fits: Option<AnswerCheck>,
 }
@@ -441,7 +442,11 @@ impl TaskService {
     /// to ask (registered before the question is written, so no answer is
     /// missed). An answer that `fits` refuses is answered `bad_args`, and
     /// the question still waits.
-    pub(crate) fn answer_slot(&self, id: TaskId, fits: AnswerCheck) -> oneshot::Receiver<RawValue> {
+    pub(crate) fn answer_slot(
+        &self,
+        id: TaskId,
+        fits: AnswerCheck,
+    ) -> oneshot::Receiver<(RawValue, u64)> {
         let (tx, rx) = oneshot::channel();
         if let Some(run) = lock(&self.runs).get_mut(&id) {
             run.answer = Some(tx);
@@ -788,10 +793,10 @@ impl TaskService {
                 Done::Run(id, start, resumed, authority, traced) => {
                     self.spawn(id, start, resumed, authority, traced);
                 }
-                Done::Answer(id, answer) => {
+                Done::Answer(id, answer, seq) => {
                     let slot = lock(&self.runs).get_mut(&id).and_then(|r| r.answer.take());
                     if let Some(tx) = slot {
-                        let _ = tx.send(answer);
+                        let _ = tx.send((answer, seq));
                     }
                 }
                 Done::Stop(id) => {
@@ -960,12 +965,12 @@ impl TaskService {
                         now,
                         change,
                     )
-                    .map(drop)
+                    .map(|record| record.seq)
                     .ok_or_else(gone);
-                if r.is_ok() {
-                    done.push(Done::Answer(id, value));
+                if let Ok(seq) = r {
+                    done.push(Done::Answer(id, value, seq));
                 }
-                done.push(Done::Unit(reply, r));
+                done.push(Done::Unit(reply, r.map(drop)));
             }
             Cmd::Cancel { id, by, reply } => {
                 let Some(e) = staged.get(&id) else {
@@ -1133,6 +1138,10 @@ impl TaskService {
         };
         let stopping = self.stopping.clone();
         let in_span = span.clone();
+        if resumed {
+            // Its `state` event ("resumed") was written before it ran.
+            crate::trace::mark(&span, "resumed");
+        }
         let runner = async move {
             if !resumed {
                 let _ = me
@@ -1168,6 +1177,15 @@ impl TaskService {
             // failed when the node starts again); cancelled: the cancel
             // wrote its event.
             let Some(out) = out else {
+                // Cancelled (its event is written by the cancel), or
+                // stopped with the node (resumed or failed at the next
+                // start).
+                let why = if stopping.is_cancelled() {
+                    "node_stopped"
+                } else {
+                    "cancelled"
+                };
+                crate::trace::record_end(&in_span, why, false);
                 return;
             };
             if stopping.is_cancelled() {

@@ -164,6 +164,9 @@ impl Task {
                 answer.try_recv().map_err(|_| TaskError::Ended)?
             }
         };
+        let (answer, seq) = answer;
+        // The answer is an event of the task's trace.
+        crate::trace::event_here("answer", seq);
         answer
             .decode::<A>()
             .map_err(|e| TaskError::BadAnswer(e.to_string()))

@@ -139,6 +139,15 @@ pub(crate) fn item_event(span: &Span, what: &'static str, seq: u64) {
     tracing::info!(target: SPAN_TARGET, parent: span, seq, "{what}");
 }
 
+/// A named moment of `span`'s work, with no sequence number (a task
+/// resumed after a restart).
+pub(crate) fn mark(span: &Span, what: &'static str) {
+    if span.is_disabled() {
+        return;
+    }
+    tracing::info!(target: SPAN_TARGET, parent: span, "{what}");
+}
+
 /// One event of the work running now (a stream's item, a task's event),
 /// on the current span.
 pub(crate) fn event_here(what: &'static str, seq: u64) {
