@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use capwire::envelope::{ErrorCode, RawValue};
+use capwire::trace::TraceContext;
 use capwire::{HandlerError, Items, Meta, Sender, Task, TaskError};
 use futures_util::FutureExt;
 use pyo3::prelude::*;
@@ -111,6 +112,9 @@ pub(crate) struct Context {
     sender: String,
     req_id: String,
     deadline: Instant,
+    /// The W3C trace context the call came with (`capwire::trace::current`
+    /// in the handler's future), if any.
+    trace: Option<TraceContext>,
 }
 
 #[pymethods]
@@ -125,6 +129,20 @@ impl Context {
     #[getter]
     fn req_id(&self) -> &str {
         &self.req_id
+    }
+
+    /// The caller's W3C `traceparent`, when the call carried a trace
+    /// context (on a protocol-3 session).
+    #[getter]
+    fn traceparent(&self) -> Option<String> {
+        self.trace.as_ref().map(TraceContext::traceparent)
+    }
+
+    /// The caller's W3C `tracestate`, when it sent one with its
+    /// `traceparent`.
+    #[getter]
+    fn tracestate(&self) -> Option<&str> {
+        self.trace.as_ref().and_then(TraceContext::tracestate)
     }
 
     /// Seconds left of the caller's deadline.
@@ -350,6 +368,9 @@ pub(crate) async fn run(
     Sender(sender): Sender,
     meta: Meta,
 ) -> Outcome {
+    // Read in the handler's own future (the runtime scopes the inbound
+    // context to it): the loop runs the handler elsewhere.
+    let trace = capwire::trace::current();
     // Decoded here, off the loop: Python sees only args the chokepoint let
     // through and that are well-formed CBOR.
     let args = value::decode(&args).map_err(|e| HandlerError::new(ErrorCode::BadArgs, e))?;
@@ -358,6 +379,7 @@ pub(crate) async fn run(
         sender: sender.to_string(),
         req_id: meta.req_id.as_str().to_owned(),
         deadline: meta.deadline,
+        trace,
     };
     let slot: Arc<Slot> = Arc::new(Mutex::new(None));
     let over = CancellationToken::new();

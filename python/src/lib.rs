@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _capwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(node::start_node, m)?)?;
+    m.add_function(wrap_pyfunction!(peer::check_trace, m)?)?;
     m.add_class::<bridge::Bridge>()?;
     m.add_class::<node::Node>()?;
     m.add_class::<node::ConfigWatch>()?;
@@ -31,6 +32,6 @@ fn _capwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bench.add_function(wrap_pyfunction!(bench::rust_echo_node, &bench)?)?;
     bench.add_function(wrap_pyfunction!(bench::rust_calls, &bench)?)?;
     m.add_submodule(&bench)?;
-    m.add("PROTOCOL_VERSION", capwire::envelope::PROTOCOL_V2)?;
+    m.add("PROTOCOL_VERSION", capwire::envelope::PROTOCOL_V3)?;
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use capwire::envelope::{RawValue, ReqId};
 use capwire::manifest::VerbKind;
+use capwire::trace::{TraceContext, TraceError};
 use capwire::{CallError, ItemStream as RustItems, TaskEvents, TaskHandle as RustTask};
 use futures_util::FutureExt;
 use pyo3::prelude::*;
@@ -18,6 +19,57 @@ use crate::value::{self, Cbor};
 fn req_id(text: Option<String>) -> PyResult<Option<ReqId>> {
     text.map(|t| ReqId::try_from(t.as_str()).map_err(value_error))
         .transpose()
+}
+
+/// The trace context a call carries. `ambient` says where the Python
+/// layer took it from: `false` for one the program gave (`traceparent=`,
+/// `tracestate=`), which must be well formed (a `ValueError` otherwise);
+/// `true` for the current OpenTelemetry span's or the running handler's,
+/// which is passed on without its `tracestate` when only that is refused,
+/// and dropped when its `traceparent` is (a context never costs a call).
+fn trace(
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+    ambient: bool,
+) -> PyResult<Option<TraceContext>> {
+    let Some(tp) = traceparent else {
+        return match tracestate {
+            Some(_) if !ambient => Err(value_error(
+                "tracestate= was given without a traceparent=: a tracestate only travels with its traceparent",
+            )),
+            _ => Ok(None),
+        };
+    };
+    match TraceContext::parse(&tp, tracestate.as_deref()) {
+        Ok(cx) => Ok(Some(cx)),
+        Err(_) if ambient => Ok(TraceContext::parse(&tp, None).ok()),
+        Err(e) => Err(value_error(trace_refused(&tp, tracestate.as_deref(), e))),
+    }
+}
+
+/// Why an explicit trace context was refused, for the `ValueError`.
+fn trace_refused(traceparent: &str, tracestate: Option<&str>, e: TraceError) -> String {
+    match (e, tracestate) {
+        (TraceError::Tracestate, Some(ts)) => format!(
+            "tracestate={ts:?} is not a W3C tracestate ({e}): at most {} bytes and {} \
+             comma-separated key=value members",
+            capwire::trace::MAX_TRACESTATE_LEN,
+            capwire::trace::MAX_TRACESTATE_MEMBERS,
+        ),
+        _ => format!(
+            "traceparent={traceparent:?} is not a W3C traceparent ({e}): it reads \
+             00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, in lower case, \
+             neither id all zeros"
+        ),
+    }
+}
+
+/// Checks an explicit trace context as a call would (the `ValueError` it
+/// would raise), before a stream is opened.
+#[pyfunction]
+#[pyo3(signature = (traceparent=None, tracestate=None))]
+pub(crate) fn check_trace(traceparent: Option<String>, tracestate: Option<String>) -> PyResult<()> {
+    trace(traceparent, tracestate, false).map(drop)
 }
 
 /// The call that fits a verb of `kind`.
@@ -92,6 +144,15 @@ impl Peer {
     pub(crate) fn new(peer: capwire::Peer, node: Weak<capwire::Node>, bridge: Bridge) -> Self {
         Self { peer, node, bridge }
     }
+
+    /// The peer handle a call goes through: with its trace context, when
+    /// it has one.
+    fn traced(&self, trace: Option<TraceContext>) -> capwire::Peer {
+        match trace {
+            Some(cx) => self.peer.with_trace(cx),
+            None => self.peer.clone(),
+        }
+    }
 }
 
 #[pymethods]
@@ -110,7 +171,8 @@ impl Peer {
             .transpose()?)
     }
 
-    #[pyo3(signature = (cap, verb, args, timeout=None, req_id=None))]
+    #[pyo3(signature = (cap, verb, args, timeout=None, req_id=None, traceparent=None, tracestate=None, ambient=false))]
+    #[allow(clippy::too_many_arguments)]
     fn request<'py>(
         &self,
         py: Python<'py>,
@@ -119,13 +181,17 @@ impl Peer {
         args: &Bound<'py, PyAny>,
         timeout: Option<f64>,
         req_id: Option<String>,
+        traceparent: Option<String>,
+        tracestate: Option<String>,
+        ambient: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (args, deadline, req_id) = (
+        let (args, deadline, req_id, trace) = (
             value::encode(args)?,
             seconds(timeout)?,
             self::req_id(req_id)?,
+            trace(traceparent, tracestate, ambient)?,
         );
-        let (peer, node) = (self.peer.clone(), self.node.clone());
+        let (peer, node) = (self.traced(trace), self.node.clone());
         self.bridge.run_here(py, async move {
             let deadline =
                 check_kind(&peer, &node, &cap, &verb, VerbKind::Request, deadline).await?;
@@ -140,7 +206,8 @@ impl Peer {
         })
     }
 
-    #[pyo3(signature = (cap, verb, args, timeout=None))]
+    #[pyo3(signature = (cap, verb, args, timeout=None, traceparent=None, tracestate=None, ambient=false))]
+    #[allow(clippy::too_many_arguments)]
     fn notify<'py>(
         &self,
         py: Python<'py>,
@@ -148,9 +215,16 @@ impl Peer {
         verb: String,
         args: &Bound<'py, PyAny>,
         timeout: Option<f64>,
+        traceparent: Option<String>,
+        tracestate: Option<String>,
+        ambient: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (args, deadline) = (value::encode(args)?, seconds(timeout)?);
-        let (peer, node) = (self.peer.clone(), self.node.clone());
+        let (args, deadline, trace) = (
+            value::encode(args)?,
+            seconds(timeout)?,
+            trace(traceparent, tracestate, ambient)?,
+        );
+        let (peer, node) = (self.traced(trace), self.node.clone());
         self.bridge.run_here(py, async move {
             let deadline =
                 check_kind(&peer, &node, &cap, &verb, VerbKind::Notification, deadline).await?;
@@ -160,7 +234,8 @@ impl Peer {
         })
     }
 
-    #[pyo3(signature = (cap, verb, args, timeout=None))]
+    #[pyo3(signature = (cap, verb, args, timeout=None, traceparent=None, tracestate=None, ambient=false))]
+    #[allow(clippy::too_many_arguments)]
     fn stream<'py>(
         &self,
         py: Python<'py>,
@@ -168,11 +243,15 @@ impl Peer {
         verb: String,
         args: &Bound<'py, PyAny>,
         timeout: Option<f64>,
+        traceparent: Option<String>,
+        tracestate: Option<String>,
+        ambient: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let args = value::encode(args)?;
         let deadline = timeout.map(|t| seconds(Some(t))).transpose()?;
         let open_within = deadline.map_or_else(|| seconds(None), Ok)?;
-        let (peer, node) = (self.peer.clone(), self.node.clone());
+        let trace = trace(traceparent, tracestate, ambient)?;
+        let (peer, node) = (self.traced(trace), self.node.clone());
         let bridge = self.bridge.clone();
         self.bridge.run_here(py, async move {
             let left = check_kind(&peer, &node, &cap, &verb, VerbKind::Stream, open_within).await?;
@@ -186,7 +265,8 @@ impl Peer {
         })
     }
 
-    #[pyo3(signature = (cap, verb, args, timeout=None, req_id=None))]
+    #[pyo3(signature = (cap, verb, args, timeout=None, req_id=None, traceparent=None, tracestate=None, ambient=false))]
+    #[allow(clippy::too_many_arguments)]
     fn submit<'py>(
         &self,
         py: Python<'py>,
@@ -195,13 +275,17 @@ impl Peer {
         args: &Bound<'py, PyAny>,
         timeout: Option<f64>,
         req_id: Option<String>,
+        traceparent: Option<String>,
+        tracestate: Option<String>,
+        ambient: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (args, deadline, req_id) = (
+        let (args, deadline, req_id, trace) = (
             value::encode(args)?,
             seconds(timeout)?,
             self::req_id(req_id)?,
+            trace(traceparent, tracestate, ambient)?,
         );
-        let (peer, node) = (self.peer.clone(), self.node.clone());
+        let (peer, node) = (self.traced(trace), self.node.clone());
         let bridge = self.bridge.clone();
         self.bridge.run_here(py, async move {
             let deadline = check_kind(&peer, &node, &cap, &verb, VerbKind::Task, deadline).await?;

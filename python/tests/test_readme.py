@@ -6,6 +6,7 @@ with the invite it printed and calls it, a misspelt argument refused."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sys
 from pathlib import Path
@@ -60,3 +61,37 @@ async def test_the_readme_agent_and_caller_run_as_written(tmp_path: Path, ctl: C
         assert "bad_args" in done.err and "exited" in done.err, str(done)
     finally:
         await stop_process(agent)
+
+
+async def test_the_readme_tracing_example_runs_as_written(tmp_path: Path) -> None:
+    (example,) = [b for b in python_blocks() if "start_as_current_span" in b]
+    (tmp_path / "traced.py").write_text(example)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "traced.py", cwd=tmp_path,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    text = out.decode()
+    # The console exporter's spans (JSON objects), and the two lines.
+    decoder, spans, lines, at = json.JSONDecoder(), {}, [], 0
+    while at < len(text):
+        if text[at] == "{":
+            span, at = decoder.raw_decode(text, at)
+            spans[span["name"]] = span
+        else:
+            end = text.find("\n", at)
+            end = len(text) if end < 0 else end
+            lines.append(text[at:end])
+            at = end
+        at += 1
+    reserved = [line for line in lines if line.startswith("tea reserved in trace ")]
+    checkout = [line for line in lines if line.startswith("checkout in trace ")]
+    assert len(reserved) == 1 and len(checkout) == 1, text
+    trace_id = checkout[0].rsplit(" ", 1)[1]
+    assert reserved[0].rsplit(" ", 1)[1] == trace_id
+    server, caller = spans["app.stock/reserve"], spans["checkout"]
+    assert server["kind"] == "SpanKind.SERVER"
+    assert server["context"]["trace_id"] == caller["context"]["trace_id"] == f"0x{trace_id}"
+    assert server["parent_id"] == caller["context"]["span_id"]
+    assert server["attributes"] == {"rpc.system": "capwire", "rpc.service": "app.stock", "rpc.method": "reserve"}

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
-from . import _capwire
+from . import _capwire, _trace
 from ._errors import BadArgs, CapwireError, EncodeError, Internal
 from ._values import adapter, brief, plain
 
@@ -171,7 +171,11 @@ class _Verb:
         """Runs on the node's loop as the call's task, and tells ``done``
         how it ended (in the same step: no extra turn of the loop)."""
         try:
-            out = await self._run(raw, ctx, extra)
+            traceparent = ctx.traceparent
+            if traceparent is None and _trace.tracing() is None:
+                out = await self._run(raw, ctx, extra)
+            else:
+                out = await _trace.serve(self._run(raw, ctx, extra), self.cap.id, self.name, traceparent, ctx.tracestate)
         except asyncio.CancelledError:
             done.cancelled()
             raise
@@ -210,10 +214,14 @@ class _Verb:
                 return None
             out = await self.fn(*more)
             return None if self.kind == "notification" else self._out(out)
-        except (CapwireError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             raise
-        except Exception:
+        except CapwireError as e:
+            _trace.record(e)
+            raise
+        except Exception as e:
             log.exception("handler %s/%s raised", self.cap.id, self.name)
+            _trace.record(e)
             raise Internal("the handler failed") from None
 
 

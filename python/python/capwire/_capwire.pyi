@@ -25,6 +25,8 @@ def start_node(
     verbs: list[dict[str, Any]] = ...,
 ) -> Awaitable[Node]: ...
 
+def check_trace(traceparent: str | None = None, tracestate: str | None = None) -> None: ...
+
 class Context:
     """What a handler is given besides its args."""
 
@@ -34,6 +36,13 @@ class Context:
     @property
     def req_id(self) -> str:
         """The request's id (empty for a notification)."""
+    @property
+    def traceparent(self) -> str | None:
+        """The caller's W3C ``traceparent``, when the call carried a trace
+        context."""
+    @property
+    def tracestate(self) -> str | None:
+        """The caller's W3C ``tracestate``, when it sent one."""
     def time_left(self) -> float:
         """Seconds left of the caller's deadline."""
 
@@ -84,12 +93,46 @@ class Peer:
     def id(self) -> str: ...
     def manifest(self) -> dict[str, Any] | None: ...
     def request(
-        self, cap: str, verb: str, args: Any, timeout: float | None = None, req_id: str | None = None
+        self,
+        cap: str,
+        verb: str,
+        args: Any,
+        timeout: float | None = None,
+        req_id: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+        ambient: bool = False,
     ) -> Awaitable[Any]: ...
-    def notify(self, cap: str, verb: str, args: Any, timeout: float | None = None) -> Awaitable[None]: ...
-    def stream(self, cap: str, verb: str, args: Any, timeout: float | None = None) -> Awaitable[ItemStream]: ...
+    def notify(
+        self,
+        cap: str,
+        verb: str,
+        args: Any,
+        timeout: float | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+        ambient: bool = False,
+    ) -> Awaitable[None]: ...
+    def stream(
+        self,
+        cap: str,
+        verb: str,
+        args: Any,
+        timeout: float | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+        ambient: bool = False,
+    ) -> Awaitable[ItemStream]: ...
     def submit(
-        self, cap: str, verb: str, args: Any, timeout: float | None = None, req_id: str | None = None
+        self,
+        cap: str,
+        verb: str,
+        args: Any,
+        timeout: float | None = None,
+        req_id: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+        ambient: bool = False,
     ) -> Awaitable[TaskHandle]: ...
     def task(self, id: str) -> TaskHandle: ...
     def bind(self, invite: str) -> Awaitable[Any]: ...

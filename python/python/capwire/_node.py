@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Generator
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
 
-from . import _capwire
+from . import _capwire, _trace
 from ._capability import Capability
 from ._errors import AlreadyBound
 from ._runtime import bridge
@@ -251,37 +251,52 @@ class Peer:
         return self._native.manifest()
 
     @overload
-    async def request(self, cap: str, verb: str, args: Any = None, *, result: type[T], timeout: float | None = None, req_id: str | None = None) -> T: ...
+    async def request(self, cap: str, verb: str, args: Any = None, *, result: type[T], timeout: float | None = None, req_id: str | None = None, traceparent: str | None = None, tracestate: str | None = None) -> T: ...
     @overload
-    async def request(self, cap: str, verb: str, args: Any = None, *, result: None = None, timeout: float | None = None, req_id: str | None = None) -> Any: ...
-    async def request(self, cap: str, verb: str, args: Any = None, *, result: Any = None, timeout: float | None = None, req_id: str | None = None) -> Any:
+    async def request(self, cap: str, verb: str, args: Any = None, *, result: None = None, timeout: float | None = None, req_id: str | None = None, traceparent: str | None = None, tracestate: str | None = None) -> Any: ...
+    async def request(self, cap: str, verb: str, args: Any = None, *, result: Any = None, timeout: float | None = None, req_id: str | None = None, traceparent: str | None = None, tracestate: str | None = None) -> Any:
         """Calls a request verb and returns its result, validated as
         ``result`` when given. ``timeout`` in seconds (default 30); with
         ``req_id``, the call is safe to send again (the same id is
-        answered what it was, never run twice)."""
-        raw = await self._native.request(cap, verb, plain(args), timeout, req_id)
+        answered what it was, never run twice). With ``traceparent`` (and
+        ``tracestate``), the call belongs to that W3C trace context
+        (``ValueError`` when it is malformed); without, to the current
+        OpenTelemetry span's, or the running handler's (see Tracing in the
+        README)."""
+        tp, ts, ambient = _trace.outgoing(traceparent, tracestate)
+        raw = await self._native.request(cap, verb, plain(args), timeout, req_id, tp, ts, ambient)
         return validate_result(raw, result)
 
-    async def notify(self, cap: str, verb: str, args: Any = None, *, timeout: float | None = None) -> None:
+    async def notify(self, cap: str, verb: str, args: Any = None, *, timeout: float | None = None, traceparent: str | None = None, tracestate: str | None = None) -> None:
         """Sends a notification (fire-and-forget): returns once it is
-        queued on the session."""
-        await self._native.notify(cap, verb, plain(args), timeout)
+        queued on the session. ``traceparent``, ``tracestate``: as for
+        ``request``."""
+        tp, ts, ambient = _trace.outgoing(traceparent, tracestate)
+        await self._native.notify(cap, verb, plain(args), timeout, tp, ts, ambient)
 
-    def stream(self, cap: str, verb: str, args: Any = None, *, item: type[T] | None = None, timeout: float | None = None) -> Stream[T]:
+    def stream(self, cap: str, verb: str, args: Any = None, *, item: type[T] | None = None, timeout: float | None = None, traceparent: str | None = None, tracestate: str | None = None) -> Stream[T]:
         """Opens a stream verb: ``async for x in peer.stream(...)``. Items
         come as this side takes them (credit-based: a slow consumer slows
         the producer, memory stays bounded). Leaving the loop early, or
-        ``aclose()``, cancels it at the peer."""
-        return Stream(self._native, cap, verb, plain(args), item, timeout)
+        ``aclose()``, cancels it at the peer. ``traceparent``,
+        ``tracestate``: as for ``request`` (the trace context is the one
+        current here, where the stream is made)."""
+        trace = _trace.outgoing(traceparent, tracestate)
+        if not trace[2]:
+            _capwire.check_trace(traceparent, tracestate)
+        return Stream(self._native, cap, verb, plain(args), item, timeout, trace)
 
     @overload
-    async def submit(self, cap: str, verb: str, args: Any = None, *, result: type[T], timeout: float | None = None, req_id: str | None = None) -> TaskHandle[T]: ...
+    async def submit(self, cap: str, verb: str, args: Any = None, *, result: type[T], timeout: float | None = None, req_id: str | None = None, traceparent: str | None = None, tracestate: str | None = None) -> TaskHandle[T]: ...
     @overload
-    async def submit(self, cap: str, verb: str, args: Any = None, *, result: None = None, timeout: float | None = None, req_id: str | None = None) -> TaskHandle[Any]: ...
-    async def submit(self, cap: str, verb: str, args: Any = None, *, result: Any = None, timeout: float | None = None, req_id: str | None = None) -> TaskHandle[Any]:
+    async def submit(self, cap: str, verb: str, args: Any = None, *, result: None = None, timeout: float | None = None, req_id: str | None = None, traceparent: str | None = None, tracestate: str | None = None) -> TaskHandle[Any]: ...
+    async def submit(self, cap: str, verb: str, args: Any = None, *, result: Any = None, timeout: float | None = None, req_id: str | None = None, traceparent: str | None = None, tracestate: str | None = None) -> TaskHandle[Any]:
         """Submits a task verb; returns once the peer has written the
-        task. With ``req_id``, a submit sent again is the same task."""
-        native = await self._native.submit(cap, verb, plain(args), timeout, req_id)
+        task. With ``req_id``, a submit sent again is the same task.
+        ``traceparent``, ``tracestate``: as for ``request`` (the task's
+        handler runs in that trace)."""
+        tp, ts, ambient = _trace.outgoing(traceparent, tracestate)
+        native = await self._native.submit(cap, verb, plain(args), timeout, req_id, tp, ts, ambient)
         return TaskHandle(native, result)
 
     def task(self, task_id: str, result: type[T] | None = None) -> TaskHandle[T]:
@@ -301,16 +316,26 @@ class Stream(Generic[T]):
     """A stream's items, as an async iterator (and an async context
     manager that closes it)."""
 
-    def __init__(self, native: _capwire.Peer, cap: str, verb: str, args: Any, item: type[T] | None, timeout: float | None) -> None:
+    def __init__(
+        self,
+        native: _capwire.Peer,
+        cap: str,
+        verb: str,
+        args: Any,
+        item: type[T] | None,
+        timeout: float | None,
+        trace: tuple[str | None, str | None, bool] = (None, None, True),
+    ) -> None:
         self._peer, self._cap, self._verb, self._args = native, cap, verb, args
-        self._item, self._timeout = item, timeout
+        self._item, self._timeout, self._trace = item, timeout, trace
         self._native: _capwire.ItemStream | None = None
         self._ready: collections.deque[Any] = collections.deque()
         self._closed = False
 
     async def _open(self) -> _capwire.ItemStream:
         if self._native is None:
-            self._native = await self._peer.stream(self._cap, self._verb, self._args, self._timeout)
+            tp, ts, ambient = self._trace
+            self._native = await self._peer.stream(self._cap, self._verb, self._args, self._timeout, tp, ts, ambient)
         return self._native
 
     def __aiter__(self) -> Stream[T]:
