@@ -240,6 +240,9 @@ fn install(ratio: bool) -> opentelemetry_sdk::trace::SdkTracerProvider {
         .build();
     let layer = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("bench"))
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
         .with_filter(tracing_subscriber::filter::Targets::new().with_target(
             capwire::trace::SPAN_TARGET,
             tracing_subscriber::filter::LevelFilter::INFO,

@@ -28,6 +28,12 @@ pub(crate) fn server_span(
     grant: Option<&str>,
     parent: Option<&TraceContext>,
 ) -> Span {
+    // A caller that did not sample its trace asks for no span: the
+    // context goes on as it came (a parent-based sampler would make the
+    // span only to drop it).
+    if parent.is_some_and(|p| !p.sampled()) {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: SPAN_TARGET,
         "capwire.server",
@@ -67,13 +73,30 @@ pub(crate) fn denied_span(
 }
 
 /// The client span of a call from this node to `peer`'s `cap`/`verb`; its
-/// parent is `parent` when given, else the current span.
+/// parent is `parent` when given, else the current span, else the context
+/// the running handler was called with. None in a trace its parent did
+/// not sample (the context goes on as it is).
 pub(crate) fn client_span(
     cap: &str,
     verb: &str,
     peer: &capwire_envelope::NodeId,
     parent: Option<&TraceContext>,
 ) -> Span {
+    if !tracing::span_enabled!(target: SPAN_TARGET, tracing::Level::INFO) {
+        return Span::none();
+    }
+    let inbound;
+    let parent = match parent {
+        Some(p) => Some(p),
+        None if Span::current().is_none() => {
+            inbound = super::inbound();
+            inbound.as_ref()
+        }
+        None => None,
+    };
+    if parent.is_some_and(|p| !p.sampled()) {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: SPAN_TARGET,
         "capwire.client",
@@ -86,7 +109,7 @@ pub(crate) fn client_span(
         capwire.peer = %peer,
         capwire.outcome = Empty,
     );
-    if !span.is_disabled() && parent.is_some() {
+    if !span.is_disabled() {
         link::set_parent(&span, parent);
     }
     span
@@ -100,6 +123,9 @@ pub(crate) fn task_span(
     task_id: &str,
     parent: Option<&TraceContext>,
 ) -> Span {
+    if parent.is_some_and(|p| !p.sampled()) {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: SPAN_TARGET,
         "capwire.task",

@@ -109,6 +109,12 @@ impl Otel {
         let tracer = self.provider.tracer("capwire");
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
+            // What a call's span says is in its fields; the source
+            // location, the thread and busy/idle times would cost every
+            // span (and every poll) for nothing a trace needs.
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
             .with_filter(Targets::new().with_target(capwire::trace::SPAN_TARGET, LevelFilter::INFO))
     }
 
