@@ -3,7 +3,8 @@
 //! package and the example agent are type-checked (mypy, strict), and its
 //! pytest suite (`python/tests`) runs against real nodes over real
 //! sessions: Python nodes, the in-process Rust nodes of its bench module,
-//! and this build's `capwire` binary (`capwire node`, `capwire ctl`).
+//! and this build's `capwire` binary (`capwire node`, `capwire ctl`,
+//! `capwire mcp`), one trace across them collected by an OTLP receiver.
 //! Without Python the test fails, unless `CAPWIRE_SKIP_PYTHON=1` says to
 //! skip it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -55,9 +56,13 @@ fn install_wheel(python: &Path) {
 
 #[test]
 fn the_python_sdk_builds_type_checks_and_passes_its_suite() {
+    // The MCP client and OpenTelemetry's SDK, exporter and protobuf types:
+    // python/tests/test_trace_chain.py.
     let Some(python) = pyenv::python_with(&[
         "tests/python/requirements.txt",
         "python/requirements-dev.txt",
+        "tests/mcp/requirements.txt",
+        "python/requirements-trace.txt",
     ]) else {
         return;
     };
