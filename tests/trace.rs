@@ -312,13 +312,10 @@ fn seqs(span: &SpanData, name: &str) -> Vec<i64> {
             e.attributes
                 .iter()
                 .find(|kv| kv.key.as_str() == "seq")
-                // A `u64` field may be exported as text.
+                // An integer attribute, not its text.
                 .map(|kv| match &kv.value {
                     opentelemetry::Value::I64(n) => *n,
-                    other => other
-                        .as_str()
-                        .parse()
-                        .unwrap_or_else(|_| panic!("seq is a number: {other:?}")),
+                    other => panic!("seq is an integer: {other:?}"),
                 })
                 .expect("an event has its seq")
         })

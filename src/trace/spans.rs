@@ -162,6 +162,8 @@ pub(crate) fn item_event(span: &Span, what: &'static str, seq: u64) {
     if span.is_disabled() {
         return;
     }
+    // An integer attribute (OpenTelemetry has no unsigned one).
+    let seq = i64::try_from(seq).unwrap_or(i64::MAX);
     tracing::info!(target: SPAN_TARGET, parent: span, seq, "{what}");
 }
 
@@ -177,6 +179,7 @@ pub(crate) fn mark(span: &Span, what: &'static str) {
 /// One event of the work running now (a stream's item, a task's event),
 /// on the current span.
 pub(crate) fn event_here(what: &'static str, seq: u64) {
+    let seq = i64::try_from(seq).unwrap_or(i64::MAX);
     tracing::info!(target: SPAN_TARGET, seq, "{what}");
 }
 
