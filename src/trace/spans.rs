@@ -31,7 +31,11 @@ pub(crate) fn server_span(
     // A caller that did not sample its trace asks for no span: the
     // context goes on as it came (a parent-based sampler would make the
     // span only to drop it).
-    if parent.is_some_and(|p| !p.sampled()) {
+    // Asked first, and alone: a disabled span made by the macro would
+    // still evaluate its fields where `tracing` speaks to `log`.
+    if !tracing::span_enabled!(target: SPAN_TARGET, tracing::Level::INFO)
+        || parent.is_some_and(|p| !p.sampled())
+    {
         return Span::none();
     }
     let span = tracing::info_span!(
@@ -123,7 +127,9 @@ pub(crate) fn task_span(
     task_id: &str,
     parent: Option<&TraceContext>,
 ) -> Span {
-    if parent.is_some_and(|p| !p.sampled()) {
+    if !tracing::span_enabled!(target: SPAN_TARGET, tracing::Level::INFO)
+        || parent.is_some_and(|p| !p.sampled())
+    {
         return Span::none();
     }
     let span = tracing::info_span!(
@@ -179,6 +185,9 @@ pub(crate) fn mark(span: &Span, what: &'static str) {
 /// One event of the work running now (a stream's item, a task's event),
 /// on the current span.
 pub(crate) fn event_here(what: &'static str, seq: u64) {
+    if !tracing::event_enabled!(target: SPAN_TARGET, tracing::Level::INFO) {
+        return;
+    }
     let seq = i64::try_from(seq).unwrap_or(i64::MAX);
     tracing::info!(target: SPAN_TARGET, seq, "{what}");
 }
