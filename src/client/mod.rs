@@ -23,7 +23,6 @@ use crate::proto::session::{End, Reply};
 use crate::tap::Way;
 use crate::time::deadline_after;
 use crate::trace::TraceContext;
-use tracing::Instrument;
 
 /// A handle to call one peer. Cheap to clone.
 ///
@@ -133,16 +132,30 @@ impl Peer {
         self.trace.as_ref()
     }
 
-    /// The `trace` item a call on `session` carries: the context it
-    /// belongs to, on a session of protocol 3 (WIRE.md 2.2).
-    pub(crate) fn trace_item(&self, session: &Session, span: &tracing::Span) -> Option<Vec<u8>> {
-        let cx = crate::trace::outgoing(self.trace.as_ref(), span)?;
+    /// The `trace` item a call on `session` carries: its context, on a
+    /// session of protocol 3 (WIRE.md 2.2).
+    pub(crate) fn trace_item(session: &Session, cx: Option<&TraceContext>) -> Option<Vec<u8>> {
+        let cx = cx?;
         (session.lock().version() >= capwire_envelope::PROTOCOL_V3).then(|| cx.to_item())
     }
 
-    /// The client span of a call to `cap`/`verb` on this peer.
-    pub(crate) fn span(&self, cap: &str, verb: &str) -> tracing::Span {
-        crate::trace::client_span(cap, verb, &self.id, self.trace.as_ref())
+    /// The client span of a call to `cap`/`verb` on this peer, and the
+    /// context the call carries (see `trace::outgoing`). A span whose
+    /// trace is not sampled is let go at once: the context goes on, the
+    /// span costs nothing more. The span is not entered: the call's own
+    /// work makes no spans, and its context travels on the wire.
+    pub(crate) fn span(&self, cap: &str, verb: &str) -> (tracing::Span, Option<TraceContext>) {
+        let span = crate::trace::client_span(self.trace.as_ref());
+        let cx = crate::trace::outgoing(self.trace.as_ref(), &span);
+        if span.is_disabled() {
+            return (span, cx);
+        }
+        if cx.as_ref().is_some_and(TraceContext::sampled) {
+            crate::trace::describe_client(&span, cap, verb, &self.id);
+            (span, cx)
+        } else {
+            (tracing::Span::none(), cx)
+        }
     }
 
     /// The peer's identity.
@@ -465,31 +478,25 @@ impl Peer {
             Option<&[u8]>,
         ) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<RawValue, CallError> {
-        let span = self.span(cap, verb);
+        let (span, cx) = self.span(cap, verb);
         let deadline_at = deadline_after(deadline);
         let req_id = req_id.unwrap_or_else(|| self.peers.next_req_id());
-        let call = async {
-            let mut tries = 0;
-            loop {
-                let session = self.session(deadline_at).await?;
-                match self
-                    .call_once(&session, &req_id, deadline_at, &span, &encode)
-                    .await
+        let mut tries = 0;
+        let result = loop {
+            let session = self.session(deadline_at).await?;
+            match self
+                .call_once(&session, &req_id, deadline_at, cx.as_ref(), &encode)
+                .await
+            {
+                Err(CallError::PeerLost)
+                    if tries < MAX_REPLACED_RETRIES && was_replaced(&session) =>
                 {
-                    Err(CallError::PeerLost)
-                        if tries < MAX_REPLACED_RETRIES && was_replaced(&session) =>
-                    {
-                        tries += 1;
-                        tracing::debug!(peer = %self.id, %req_id, "session replaced under a call: sent again");
-                    }
-                    other => return other,
+                    tries += 1;
+                    tracing::debug!(peer = %self.id, %req_id, "session replaced under a call: sent again");
                 }
+                other => break other,
             }
         };
-        if span.is_disabled() {
-            return call.await;
-        }
-        let result = call.instrument(span.clone()).await;
         end_span(&span, &result);
         result
     }
@@ -500,7 +507,7 @@ impl Peer {
         session: &Session,
         req_id: &ReqId,
         deadline_at: Instant,
-        span: &tracing::Span,
+        cx: Option<&TraceContext>,
         encode: &impl Fn(
             &ReqId,
             u64,
@@ -511,7 +518,7 @@ impl Peer {
         // session.
         let left = deadline_at.saturating_duration_since(Instant::now());
         let budget_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        let trace = self.trace_item(session, span);
+        let trace = Self::trace_item(session, cx);
         let frame = encode(req_id, budget_ms, trace.as_deref())
             .map_err(|e| CallError::Encode(e.to_string()))?;
         self.peers.tap().record(Way::Out, &self.id, &frame, None);
@@ -586,10 +593,10 @@ impl Peer {
         deadline: Duration,
         encode: impl FnOnce(Option<&[u8]>) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<(), CallError> {
-        let span = self.span(cap, verb);
+        let (span, cx) = self.span(cap, verb);
         let deadline_at = deadline_after(deadline);
         let session = self.session(deadline_at).await?;
-        let trace = self.trace_item(&session, &span);
+        let trace = Self::trace_item(&session, cx.as_ref());
         let frame = encode(trace.as_deref()).map_err(|e| CallError::Encode(e.to_string()))?;
         self.peers.tap().record(Way::Out, &self.id, &frame, None);
         let result = session

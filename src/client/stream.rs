@@ -312,7 +312,7 @@ impl Peer {
             Option<&[u8]>,
         ) -> Result<bytes::Bytes, capwire_envelope::EncodeError>,
     ) -> Result<ItemStream<T>, CallError> {
-        let span = self.span(cap, verb);
+        let (span, cx) = self.span(cap, verb);
         let defaults = self.peers.stream_defaults();
         let deadline_at = deadline.map(deadline_after);
         let open_by = deadline_at.unwrap_or_else(|| deadline_after(self.default_deadline));
@@ -327,7 +327,7 @@ impl Peer {
             u64::try_from(d.saturating_duration_since(Instant::now()).as_millis())
                 .unwrap_or(u64::MAX)
         });
-        let trace = self.trace_item(&session, &span);
+        let trace = Self::trace_item(&session, cx.as_ref());
         let frame = encode(&req_id, budget, trace.as_deref())
             .map_err(|e| CallError::Encode(e.to_string()))?;
         self.peers.tap().record(Way::Out, &self.id, &frame, None);
