@@ -6,8 +6,6 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 /// The longest `tracestate` carried (W3C: a vendor must propagate at least
 /// 512 characters; longer ones are dropped here, whole).
 pub const MAX_TRACESTATE_LEN: usize = 512;
@@ -85,23 +83,6 @@ impl fmt::Display for TraceContext {
     }
 }
 
-/// The `trace` item as it is written: a CBOR map of texts.
-#[derive(Serialize)]
-struct Item<'a> {
-    traceparent: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tracestate: Option<&'a str>,
-}
-
-/// The `trace` item as it is read (its texts are bounded by the frame).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ItemIn {
-    traceparent: String,
-    #[serde(default)]
-    tracestate: Option<String>,
-}
-
 fn hex_value(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
@@ -124,14 +105,96 @@ fn unhex(text: &[u8], out: &mut [u8]) -> Result<(), TraceError> {
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Lower-case hex of `bytes`, appended to `out`.
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 15)]);
     }
-    s
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
+    // Hex digits are ASCII.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// A CBOR text string's head and bytes (definite length, shortest form).
+fn put_text(out: &mut Vec<u8>, text: &[u8]) {
+    let n = text.len();
+    if let Ok(small) = u8::try_from(n) {
+        if small < 24 {
+            out.push(0x60 | small);
+        } else {
+            out.extend_from_slice(&[0x78, small]);
+        }
+    } else if let Ok(mid) = u16::try_from(n) {
+        out.push(0x79);
+        out.extend_from_slice(&mid.to_be_bytes());
+    } else {
+        out.push(0x7a);
+        out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes());
+    }
+    out.extend_from_slice(text);
+}
+
+/// Reads the `trace` item: a definite map of one or two text keys,
+/// `traceparent` (required) and `tracestate`, each with a text value.
+fn read_item(item: &[u8]) -> Option<(&str, Option<&str>)> {
+    let mut at = 0usize;
+    let (major, entries) = head(item, &mut at)?;
+    if major != 5 || !(1..=2).contains(&entries) {
+        return None;
+    }
+    let (mut parent, mut state) = (None, None);
+    for _ in 0..entries {
+        let key = text(item, &mut at)?;
+        let value = text(item, &mut at)?;
+        let slot = match key {
+            "traceparent" => &mut parent,
+            "tracestate" => &mut state,
+            _ => return None,
+        };
+        if slot.replace(value).is_some() {
+            return None;
+        }
+    }
+    (at == item.len()).then_some(())?;
+    Some((parent?, state))
+}
+
+/// One CBOR head at `at`: its major type and argument (definite lengths
+/// only).
+fn head(bytes: &[u8], at: &mut usize) -> Option<(u8, u64)> {
+    let first = *bytes.get(*at)?;
+    *at += 1;
+    let (major, info) = (first >> 5, first & 0x1f);
+    let width = match info {
+        0..=23 => return Some((major, u64::from(info))),
+        24 => 1,
+        25 => 2,
+        26 => 4,
+        27 => 8,
+        _ => return None,
+    };
+    let raw = bytes.get(*at..*at + width)?;
+    *at += width;
+    Some((major, raw.iter().fold(0u64, |n, b| n << 8 | u64::from(*b))))
+}
+
+/// One CBOR text string at `at`.
+fn text<'a>(bytes: &'a [u8], at: &mut usize) -> Option<&'a str> {
+    let (major, len) = head(bytes, at)?;
+    if major != 3 {
+        return None;
+    }
+    let len = usize::try_from(len).ok()?;
+    let raw = bytes.get(*at..at.checked_add(len)?)?;
+    *at += len;
+    std::str::from_utf8(raw).ok()
 }
 
 /// One `tracestate` list member's key: `simple-key` or
@@ -336,12 +399,19 @@ impl TraceContext {
     /// The `traceparent` header value, version `00`.
     #[must_use]
     pub fn traceparent(&self) -> String {
-        format!(
-            "00-{}-{}-{:02x}",
-            hex(&self.trace_id),
-            hex(&self.span_id),
-            self.flags
-        )
+        let mut out = Vec::with_capacity(55);
+        self.write_traceparent(&mut out);
+        // Hex digits and dashes are ASCII.
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    fn write_traceparent(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"00-");
+        push_hex(out, &self.trace_id);
+        out.push(b'-');
+        push_hex(out, &self.span_id);
+        out.push(b'-');
+        push_hex(out, &[self.flags]);
     }
 
     /// The `tracestate` header value, if there is one.
@@ -356,20 +426,25 @@ impl TraceContext {
     /// [`TraceError::Item`] for an item of another shape; otherwise as
     /// [`TraceContext::parse`].
     pub fn from_item(item: &[u8]) -> Result<Self, TraceError> {
-        let item: ItemIn = capwire_envelope::from_slice(item).map_err(|_| TraceError::Item)?;
-        Self::parse(&item.traceparent, item.tracestate.as_deref())
+        let (parent, state) = read_item(item).ok_or(TraceError::Item)?;
+        Self::parse(parent, state)
     }
 
-    /// The `trace` item of a control frame (WIRE.md 2.2).
+    /// The `trace` item of a control frame (WIRE.md 2.2): a CBOR map of
+    /// `traceparent` and, when there is one, `tracestate`.
     #[must_use]
     pub fn to_item(&self) -> Vec<u8> {
-        let traceparent = self.traceparent();
-        let item = Item {
-            traceparent: &traceparent,
-            tracestate: self.state.as_deref(),
-        };
-        // A map of two short texts always encodes.
-        capwire_envelope::to_vec(&item).unwrap_or_default()
+        let state = self.state.as_deref().map(str::as_bytes);
+        let mut out = Vec::with_capacity(72 + state.map_or(0, |s| s.len() + 14));
+        out.push(if state.is_some() { 0xa2 } else { 0xa1 });
+        put_text(&mut out, b"traceparent");
+        out.extend_from_slice(&[0x78, 55]);
+        self.write_traceparent(&mut out);
+        if let Some(state) = state {
+            put_text(&mut out, b"tracestate");
+            put_text(&mut out, state);
+        }
+        out
     }
 }
 
@@ -474,14 +549,23 @@ mod tests {
             .collect::<Vec<_>>()
             .join(",");
         assert!(TraceContext::parse(TP, Some(&just)).is_ok());
-        for bad in ["novalue", "Upper=v", "k=v,=x", "k=a=b", "k=v ", "k=\u{7f}"] {
+        for bad in [
+            "novalue", "Upper=v", "k=v,=x", "k=a=b", "k=\u{7f}", "k=a\tb",
+        ] {
             assert_eq!(
                 TraceContext::parse(TP, Some(bad)),
                 Err(TraceError::Tracestate),
                 "{bad:?}"
             );
         }
-        for good in ["t@sys=v", "0tenant@sys=v", "a=b , ,c=d", "k=with space"] {
+        // Spaces and tabs around a member are not part of it.
+        for good in [
+            "t@sys=v",
+            "0tenant@sys=v",
+            "a=b , ,c=d",
+            "k=with space",
+            "k=v ",
+        ] {
             assert!(TraceContext::parse(TP, Some(good)).is_ok(), "{good:?}");
         }
         assert_eq!(
@@ -503,6 +587,72 @@ mod tests {
             capwire_envelope::to_vec(&std::collections::BTreeMap::from([("traceparent", 7)]))
                 .unwrap();
         assert_eq!(TraceContext::from_item(&number), Err(TraceError::Item));
+    }
+
+    #[test]
+    fn the_item_is_the_strict_encoding_of_its_map() {
+        let plain = TraceContext::parse(TP, None).unwrap();
+        let expected =
+            capwire_envelope::to_vec(&std::collections::BTreeMap::from([("traceparent", TP)]))
+                .unwrap();
+        assert_eq!(plain.to_item(), expected);
+        // WIRE.md 2.2's example.
+        assert_eq!(&plain.to_item()[..15], b"\xa1\x6btraceparent\x78\x37");
+        let state = (0..30)
+            .map(|i| format!("key{i}=value{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(state.len() > 255, "a text of a 2-byte length");
+        let full = TraceContext::parse(TP, Some(&state)).unwrap();
+        let expected = capwire_envelope::to_vec(&std::collections::BTreeMap::from([
+            ("traceparent", TP),
+            ("tracestate", state.as_str()),
+        ]))
+        .unwrap();
+        assert_eq!(full.to_item(), expected);
+        assert_eq!(TraceContext::from_item(&expected).unwrap(), full);
+    }
+
+    #[test]
+    fn items_with_repeated_missing_or_trailing_parts_are_refused() {
+        let one = TraceContext::parse(TP, None).unwrap().to_item();
+        let mut twice = vec![0xa2];
+        twice.extend_from_slice(&one[1..]);
+        twice.extend_from_slice(&one[1..]);
+        let mut trailing = one.clone();
+        trailing.push(0xf6);
+        let mut indefinite = vec![0xbf];
+        indefinite.extend_from_slice(&one[1..]);
+        indefinite.push(0xff);
+        let mut cut = one.clone();
+        cut.truncate(one.len() - 3);
+        let only_state =
+            capwire_envelope::to_vec(&std::collections::BTreeMap::from([("tracestate", "k=v")]))
+                .unwrap();
+        let bytes_value = {
+            let mut v = vec![0xa1, 0x6b];
+            v.extend_from_slice(b"traceparent");
+            v.push(0x58);
+            v.push(55);
+            v.extend_from_slice(TP.as_bytes());
+            v
+        };
+        for bad in [
+            twice,
+            trailing,
+            indefinite,
+            cut,
+            only_state,
+            bytes_value,
+            vec![],
+            vec![0xa0],
+        ] {
+            assert_eq!(
+                TraceContext::from_item(&bad),
+                Err(TraceError::Item),
+                "{bad:02x?}"
+            );
+        }
     }
 
     #[test]
