@@ -145,13 +145,9 @@ impl Peer {
     /// span costs nothing more. The span is not entered: the call's own
     /// work makes no spans, and its context travels on the wire.
     pub(crate) fn span(&self, cap: &str, verb: &str) -> (tracing::Span, Option<TraceContext>) {
-        let span = crate::trace::client_span(self.trace.as_ref());
+        let span = crate::trace::client_span(cap, verb, &self.id, self.trace.as_ref());
         let cx = crate::trace::outgoing(self.trace.as_ref(), &span);
-        if span.is_disabled() {
-            return (span, cx);
-        }
-        if cx.as_ref().is_some_and(TraceContext::sampled) {
-            crate::trace::describe_client(&span, cap, verb, &self.id);
+        if span.is_disabled() || cx.as_ref().is_some_and(TraceContext::sampled) {
             (span, cx)
         } else {
             (tracing::Span::none(), cx)
