@@ -145,13 +145,18 @@ impl Peer {
     /// span costs nothing more. The span is not entered: the call's own
     /// work makes no spans, and its context travels on the wire.
     pub(crate) fn span(&self, cap: &str, verb: &str) -> (tracing::Span, Option<TraceContext>) {
-        let span = crate::trace::client_span(cap, verb, &self.id, self.trace.as_ref());
+        let (span, root) = crate::trace::client_span(cap, verb, &self.id, self.trace.as_ref());
         let cx = crate::trace::outgoing(self.trace.as_ref(), &span);
-        if span.is_disabled() || cx.as_ref().is_some_and(TraceContext::sampled) {
-            (span, cx)
-        } else {
-            (tracing::Span::none(), cx)
+        if span.is_disabled() {
+            return (span, cx);
         }
+        if !cx.as_ref().is_some_and(TraceContext::sampled) {
+            return (tracing::Span::none(), cx);
+        }
+        if root {
+            crate::trace::describe_root(&span, cap, verb, &self.id);
+        }
+        (span, cx)
     }
 
     /// The peer's identity.

@@ -36,8 +36,8 @@ pub use context::{MAX_TRACESTATE_LEN, MAX_TRACESTATE_MEMBERS, TraceContext, Trac
 pub(crate) use counters::TraceCounters;
 pub use spans::SPAN_TARGET;
 pub(crate) use spans::{
-    client_span, context_of, denied_span, event_here, item_event, mark, record_end, server_span,
-    task_span,
+    client_span, context_of, denied_span, describe_root, event_here, item_event, mark, record_end,
+    server_span, task_span,
 };
 
 tokio::task_local! {

@@ -80,16 +80,17 @@ pub(crate) fn denied_span(
 /// parent is `parent` when given, else the current span, else the context
 /// the running handler was called with. None in a trace its parent did
 /// not sample (the context goes on as it is). Its fields are given as it
-/// is made, while they are cheap to take (a field recorded later goes to
-/// a started span, one lock and one copy each).
+/// is made, while they are cheap to take, except for the root of a trace
+/// (`true` beside it): whether the tracer samples it is known only once
+/// it starts, and [`describe_root`] gives it its fields if it does.
 pub(crate) fn client_span(
     cap: &str,
     verb: &str,
     peer: &capwire_envelope::NodeId,
     parent: Option<&TraceContext>,
-) -> Span {
+) -> (Span, bool) {
     if !tracing::span_enabled!(target: SPAN_TARGET, tracing::Level::INFO) {
-        return Span::none();
+        return (Span::none(), false);
     }
     let inbound;
     let parent = match parent {
@@ -101,7 +102,19 @@ pub(crate) fn client_span(
         None => None,
     };
     if parent.is_some_and(|p| !p.sampled()) {
-        return Span::none();
+        return (Span::none(), false);
+    }
+    if parent.is_none() && Span::current().is_none() {
+        // The root of a trace, sampled or not as the tracer decides: its
+        // fields wait for that decision ([`describe_root`]).
+        let span = tracing::info_span!(
+            target: SPAN_TARGET,
+            "capwire.client",
+            otel.kind = "client",
+            otel.status_code = Empty,
+            capwire.outcome = Empty,
+        );
+        return (span, true);
     }
     let span = tracing::info_span!(
         target: SPAN_TARGET,
@@ -118,7 +131,15 @@ pub(crate) fn client_span(
     if !span.is_disabled() {
         link::set_parent(&span, parent);
     }
-    span
+    (span, false)
+}
+
+/// Names and describes the root client span `span` of a sampled trace
+/// (see [`client_span`]); nothing for a span that is not recorded.
+pub(crate) fn describe_root(span: &Span, cap: &str, verb: &str, peer: &capwire_envelope::NodeId) {
+    if !span.is_disabled() {
+        link::describe(span, cap, verb, peer);
+    }
 }
 
 /// The span a task's handler runs in, a child of the submit's context
@@ -214,6 +235,7 @@ pub(crate) fn context_of(span: &Span) -> Option<TraceContext> {
 mod link {
     //! The bridge to OpenTelemetry's span contexts.
 
+    use opentelemetry::KeyValue;
     use opentelemetry::trace::{
         SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
     };
@@ -247,6 +269,18 @@ mod link {
         let _ = span.set_parent(cx);
     }
 
+    pub(super) fn describe(span: &Span, cap: &str, verb: &str, peer: &capwire_envelope::NodeId) {
+        let cx = span.context();
+        let otel = cx.span();
+        otel.update_name(format!("{cap}/{verb}"));
+        otel.set_attributes([
+            KeyValue::new("rpc.system", "capwire"),
+            KeyValue::new("rpc.service", cap.to_owned()),
+            KeyValue::new("rpc.method", verb.to_owned()),
+            KeyValue::new("capwire.peer", peer.to_string()),
+        ]);
+    }
+
     pub(super) fn context_of(span: &Span) -> Option<TraceContext> {
         let cx = span.context();
         let otel = cx.span();
@@ -274,6 +308,8 @@ mod link {
     use crate::trace::TraceContext;
 
     pub(super) fn set_parent(_: &Span, _: Option<&TraceContext>) {}
+
+    pub(super) fn describe(_: &Span, _: &str, _: &str, _: &capwire_envelope::NodeId) {}
 
     pub(super) fn context_of(_: &Span) -> Option<TraceContext> {
         None
