@@ -38,6 +38,9 @@ pub(crate) struct Tapped {
     pub(crate) cut: Option<u64>,
     /// The token that let an inbound controller call through.
     pub(crate) grant: Option<std::sync::Arc<str>>,
+    /// The frame's `trace` item, if it has one, was believed (a context
+    /// the node dropped is not shown in the copy either).
+    pub(crate) traced: bool,
 }
 
 /// Bounds of the tap's queue.
@@ -127,13 +130,15 @@ impl Tap {
         self.seq.load(Ordering::Relaxed)
     }
 
-    /// Takes a copy of `frame`, sent to or received from `peer`.
+    /// Takes a copy of `frame`, sent to or received from `peer`;
+    /// `traced`: its `trace` item, if any, was believed.
     pub(crate) fn record(
         &self,
         way: Way,
         peer: &NodeId,
         frame: &Bytes,
         grant: Option<std::sync::Arc<str>>,
+        traced: bool,
     ) {
         if !self.on.load(Ordering::Relaxed) {
             return;
@@ -174,6 +179,7 @@ impl Tap {
             frame,
             cut,
             grant,
+            traced,
         });
         drop(q);
         self.ready.notify_one();
@@ -235,11 +241,11 @@ mod tests {
         let t = tap(8);
         let (cp, other) = (NodeId::from_bytes([1; 32]), NodeId::from_bytes([2; 32]));
         let frame = Bytes::from_static(b"x");
-        t.record(Way::In, &other, &frame, None);
+        t.record(Way::In, &other, &frame, None, true);
         assert_eq!((t.queued(), t.last_seq()), (0, 0));
         t.set_controller(Some(cp));
-        t.record(Way::In, &cp, &frame, None);
-        t.record(Way::Out, &other, &frame, None);
+        t.record(Way::In, &cp, &frame, None, true);
+        t.record(Way::Out, &other, &frame, None, true);
         assert_eq!((t.queued(), t.last_seq()), (1, 1));
         let (to, base, item) = t.pop().unwrap();
         assert_eq!(
@@ -255,20 +261,20 @@ mod tests {
         t.set_controller(Some(cp));
         let frame = Bytes::from_static(b"x");
         for _ in 0..5 {
-            t.record(Way::In, &other, &frame, None);
+            t.record(Way::In, &other, &frame, None, true);
         }
         assert_eq!(t.queued(), 2);
         assert_eq!(t.copies(), (0, 3));
         assert_eq!(t.pop().unwrap().2.seq, 1);
         assert_eq!(t.pop().unwrap().2.seq, 2);
-        t.record(Way::In, &other, &frame, None);
+        t.record(Way::In, &other, &frame, None, true);
         // Seqs 3 to 5 were dropped: the next copy is 6.
         assert_eq!(t.pop().unwrap().2.seq, 6);
-        t.record(Way::In, &other, &frame, None);
+        t.record(Way::In, &other, &frame, None, true);
         // Unbinding gives up what was waiting.
         t.set_controller(None);
         assert_eq!(t.copies(), (0, 4));
-        t.record(Way::In, &other, &frame, None);
+        t.record(Way::In, &other, &frame, None, true);
         assert!(t.pop().is_none());
     }
 }
@@ -297,7 +303,7 @@ mod big_frames {
             &args,
         )
         .unwrap();
-        t.record(Way::In, &other, &Bytes::from(frame), None);
+        t.record(Way::In, &other, &Bytes::from(frame), None, true);
         let (_, _, item) = t.pop().expect("copied although far over the queue's bytes");
         assert_eq!(item.cut, Some(args.len() as u64));
         assert!(item.frame.len() < 64);

@@ -522,7 +522,9 @@ impl Peer {
         let trace = Self::trace_item(session, cx);
         let frame = encode(req_id, budget_ms, trace.as_deref())
             .map_err(|e| CallError::Encode(e.to_string()))?;
-        self.peers.tap().record(Way::Out, &self.id, &frame, None);
+        self.peers
+            .tap()
+            .record(Way::Out, &self.id, &frame, None, true);
         let rx = session
             .call(req_id.clone(), frame, deadline_at)
             .await
@@ -599,7 +601,9 @@ impl Peer {
         let session = self.session(deadline_at).await?;
         let trace = Self::trace_item(&session, cx.as_ref());
         let frame = encode(trace.as_deref()).map_err(|e| CallError::Encode(e.to_string()))?;
-        self.peers.tap().record(Way::Out, &self.id, &frame, None);
+        self.peers
+            .tap()
+            .record(Way::Out, &self.id, &frame, None, true);
         let result = session
             .notify(frame, deadline_at)
             .await

@@ -330,7 +330,9 @@ impl Peer {
         let trace = Self::trace_item(&session, cx.as_ref());
         let frame = encode(&req_id, budget, trace.as_deref())
             .map_err(|e| CallError::Encode(e.to_string()))?;
-        self.peers.tap().record(Way::Out, &self.id, &frame, None);
+        self.peers
+            .tap()
+            .record(Way::Out, &self.id, &frame, None, true);
         let sink = session
             .open_stream(req_id.clone(), frame, defaults.window, open_by)
             .await

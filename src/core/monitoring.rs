@@ -299,6 +299,7 @@ fn copy_of(item: &Tapped, dropped: u64, body_max: usize) -> Option<CopyRecord> {
         grant: item.grant.as_deref().map(str::to_owned),
         trace: c
             .trace
+            .filter(|_| item.traced)
             .and_then(|t| crate::trace::TraceContext::from_item(t).ok())
             .map(|cx| cx.trace_id_hex()),
     })
@@ -370,5 +371,48 @@ pub(crate) async fn copy_loop(core: Arc<CoreState>, stop: CancellationToken) {
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A tapped request carrying a valid trace context, `traced` as the
+    /// dispatcher judged it.
+    fn tapped(traced: bool) -> (Tapped, crate::trace::TraceContext) {
+        let cx = crate::trace::TraceContext::new_root(true);
+        let frame = crate::proto::codec::control(
+            "app.x",
+            "y",
+            &capwire_envelope::ReqId::from_u64(1),
+            None,
+            &RawValue::null(),
+            Some(&cx.to_item()),
+        )
+        .unwrap();
+        let item = Tapped {
+            seq: 1,
+            way: Way::In,
+            peer: capwire_envelope::NodeId::from_bytes([7; 32]),
+            at_ms: 0,
+            frame,
+            cut: None,
+            grant: None,
+            traced,
+        };
+        (item, cx)
+    }
+
+    #[test]
+    fn a_copy_names_a_believed_context_and_never_a_dropped_one() {
+        let (believed, cx) = tapped(true);
+        let copy = copy_of(&believed, 0, 1024).unwrap();
+        assert_eq!(copy.trace, Some(cx.trace_id_hex()));
+        // Came on a session below protocol 3: the node dropped it, and the
+        // copy does not show it either.
+        let (dropped, _) = tapped(false);
+        assert_eq!(copy_of(&dropped, 0, 1024).unwrap().trace, None);
     }
 }

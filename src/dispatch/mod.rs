@@ -349,7 +349,13 @@ impl Admission for Dispatcher {
             && (route.info().kind().since() > version
                 || capwire_manifest::capability_since(c.cap) > version)
         {
-            self.tap.record(Way::In, sender, record, None);
+            self.tap.record(
+                Way::In,
+                sender,
+                record,
+                None,
+                c.trace.is_none() || trace.is_some(),
+            );
             self.metrics
                 .count(route.dangerous_handler().index(), Outcome::WrongKind);
             let outcome = if notification {
@@ -400,7 +406,13 @@ impl Admission for Dispatcher {
             }) => self.delegations.count_refused(g),
             _ => {}
         }
-        self.tap.record(Way::In, sender, record, grant);
+        self.tap.record(
+            Way::In,
+            sender,
+            record,
+            grant,
+            c.trace.is_none() || trace.is_some(),
+        );
         let permit = match decision.into_result() {
             Ok(p) => p.into_owned(),
             Err(reason) => {
