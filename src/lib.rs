@@ -187,6 +187,9 @@ mod node;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 mod proto;
+#[doc(hidden)]
+#[cfg_attr(not(feature = "seeded-bugs"), allow(dead_code))]
+pub mod seeded_bugs;
 mod stats;
 mod store;
 pub mod stream;

@@ -183,7 +183,15 @@ async fn subscribe(
         if next <= record.seq {
             let events = service.events(id, next, EVENTS_AT_ONCE).await?;
             let Some(last) = events.last().map(|e| e.seq) else {
-                // Folded away between the two reads: look again.
+                // Folded away between the two reads, or counted by the
+                // record and not written yet: look again when something
+                // changes, or in a moment (never in a busy loop: a store
+                // that lacks the events would keep it spinning).
+                tokio::select! {
+                    () = &mut woken => {}
+                    () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+                    () = &mut lost => return Err(not_found()),
+                }
                 continue;
             };
             for e in events {

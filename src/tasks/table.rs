@@ -342,7 +342,13 @@ impl TaskTable {
             full.first_seq = seq + 1 - limits.max_events;
         }
         let kept = [full.progress_seq, full.question_seq];
-        for (from, to) in fold_ranges(old_first, full.first_seq, old_kept, kept) {
+        let mut folds = fold_ranges(old_first, full.first_seq, old_kept, kept);
+        if state.is_final()
+            && crate::seeded_bugs::planted(crate::seeded_bugs::Bug::FoldDropsFinalState)
+        {
+            folds.push((seq, seq + 1));
+        }
+        for (from, to) in folds {
             change
                 .batch
                 .fold_task_events

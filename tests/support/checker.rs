@@ -111,7 +111,7 @@ pub(crate) struct Violation {
 }
 
 impl Violation {
-    fn new(property: Property, reason: impl Into<String>, ops: Vec<String>) -> Self {
+    pub(crate) fn new(property: Property, reason: impl Into<String>, ops: Vec<String>) -> Self {
         Violation {
             property,
             verdict: Verdict::Violated,

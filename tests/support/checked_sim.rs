@@ -1,0 +1,935 @@
+//! One checked simulation run: a node (with its state in a real
+//! directory) and its control plane on simulated hosts (turmoil), clients
+//! of the control plane recording every operation they make with its
+//! invoke and complete times and an outcome of ok, failed or unknown, while
+//! a seeded schedule of faults cuts, holds and delays the link and crashes
+//! and restarts the node. The histories are then checked
+//! (`tests/support/checker.rs`):
+//!
+//! - the node's configuration (get, set, compare-and-set), linearizable
+//!   as a versioned register;
+//! - `app.chk/apply`, a request retried under one req_id until it is
+//!   answered: its handler runs once per req_id, every answer the same;
+//! - `app.chk/job` task submits retried under one req_id: one task; the
+//!   same req_id reused on `app.chk/job2` refused, never given that task;
+//! - each task's subscriber, resuming from its last seq plus 1 after every
+//!   cut (and once more from 1 after the end): every event once, in order,
+//!   through the final state.
+//!
+//! A crash is a kill: the node host's tasks stop where they are and what
+//! its store had not written is gone; the directory stays, and the node
+//! starts again from it. The in-memory replay ledger goes with the crash
+//! (WIRE.md 4.4): a client retries an `apply` only while the node has not
+//! restarted since its first try (after a restart the retry would run
+//! again, as documented), and gives up on it otherwise.
+//!
+//! Included by `tests/sim_checked.rs` (the seed sweep) and
+//! `tests/checked_bugs.rs` (the same runs with a defect planted).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use capwire::envelope::{ErrorCode, RawValue, ReqId};
+use capwire::manifest::{
+    ConfigValue, GetConfig, NoArgs, SetConfig, SetConfigArgs, TaskEvent, TaskEventKind, verb,
+};
+use capwire::{
+    CallError, Capability, HandlerError, Keypair, Limits, Node, NodeId, Peer, State, Task,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::checker::{
+    self, Answer, Event, Execution, History, LinOptions, RegInput, RegOutput, Register, Request,
+    Segment, SegmentEnd, Tick, Violation,
+};
+
+const NODE: &str = "node";
+const CP: &str = "cp";
+const PORT: u16 = 7000;
+/// The one sender every request comes from (the control plane).
+const SENDER: u64 = 0;
+
+/// Args of `apply`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, capwire::JsonSchema)]
+#[schemars(crate = "capwire::schemars")]
+pub(crate) struct ApplyArgs {
+    /// The req_id it is sent under (the handler records its runs by it).
+    key: String,
+    /// How long it works, in simulated ms.
+    ms: u64,
+}
+
+/// Args of `job` and `job2`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, capwire::JsonSchema)]
+#[schemars(crate = "capwire::schemars")]
+pub(crate) struct JobArgs {
+    n: u64,
+    every_ms: u64,
+}
+
+verb! {
+    /// Counts one application of `key`; answers the node's start it ran
+    /// in and the count so far.
+    pub(crate) struct Apply: request "app.chk" / "apply", Controller, ApplyArgs => (u64, u64);
+}
+verb! {
+    /// `n` progress steps, one every `every_ms`, then `n`.
+    pub(crate) struct Job: task "app.chk" / "job", Controller, JobArgs => u64;
+}
+verb! {
+    /// The same work under another verb.
+    pub(crate) struct Job2: task "app.chk" / "job2", Controller, JobArgs => u64;
+}
+
+/// The handlers' runs, as the node saw them.
+#[derive(Clone, Default)]
+struct Runs {
+    runs: Arc<Mutex<Vec<Execution>>>,
+    count: Arc<AtomicU64>,
+    /// Node starts so far: the one a handler runs in.
+    starts: Arc<AtomicU32>,
+}
+
+fn now_ms() -> Tick {
+    turmoil::sim_elapsed().unwrap_or_default().as_millis() as Tick
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The replay ledger is kept in memory (WIRE.md 4.4): a request is run
+/// at most once per start of the node, so runs and answers are told apart
+/// by the start they came from (as if each start were its own sender).
+async fn apply(args: ApplyArgs, State(runs): State<Runs>) -> Result<(u64, u64), HandlerError> {
+    let start = u64::from(runs.starts.load(Ordering::SeqCst));
+    lock(&runs.runs).push(Execution {
+        sender: start,
+        req_id: args.key,
+        verb: "app.chk/apply".into(),
+        at: now_ms(),
+    });
+    tokio::time::sleep(Duration::from_millis(args.ms)).await;
+    Ok((start, runs.count.fetch_add(1, Ordering::SeqCst) + 1))
+}
+
+async fn job(args: JobArgs, task: Task) -> Result<u64, HandlerError> {
+    for step in 1..=args.n {
+        tokio::time::sleep(Duration::from_millis(args.every_ms)).await;
+        task.progress(&step).await?;
+    }
+    Ok(args.n)
+}
+
+fn keypair(seed: u64, role: u8) -> Keypair {
+    let mut bytes = [0xc3; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    bytes[8] = role;
+    Keypair::from_secret_bytes(bytes)
+}
+
+/// What one run checked, for the sweep's totals.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counts {
+    /// Operations recorded (register operations, request and submit
+    /// attempts, subscriptions).
+    pub(crate) ops: u64,
+    /// Of those, with an unknown outcome.
+    pub(crate) unknown: u64,
+    /// Faults injected: cuts of the link.
+    pub(crate) cuts: u64,
+    /// Faults injected: crashes of the node host.
+    pub(crate) crashes: u64,
+    /// Handler runs recorded.
+    pub(crate) runs: u64,
+    /// Task events received by subscribers.
+    pub(crate) events: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.ops += o.ops;
+        self.unknown += o.unknown;
+        self.cuts += o.cuts;
+        self.crashes += o.crashes;
+        self.runs += o.runs;
+        self.events += o.events;
+    }
+}
+
+/// A fault of the schedule.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Both ways, dropped.
+    Partition,
+    /// Both ways, held and delivered at the heal.
+    Hold,
+    /// One way, dropped.
+    OneWay(&'static str, &'static str),
+    /// The node host killed, then started again.
+    Crash,
+}
+
+/// What the node host and the harness share.
+#[derive(Default)]
+struct Shared {
+    /// The invite of the node's first start.
+    invite: Mutex<Option<capwire::Invite>>,
+    runs: Runs,
+}
+
+/// Everything the clients recorded.
+#[derive(Default)]
+struct Record {
+    register: History<RegInput<RawValue>, RegOutput<RawValue>>,
+    requests: Vec<Request<(u64, u64)>>,
+    submits: Vec<Request<String>>,
+    /// Per task: the subscriber's segments.
+    subscriptions: BTreeMap<String, Vec<Segment<EventKind>>>,
+    unknown: u64,
+}
+
+/// What an event says, as compared with the task's log.
+pub(crate) type EventKind = (TaskEventKind, String);
+
+fn kind_of(e: &TaskEvent) -> Event<EventKind> {
+    Event::new(e.seq, (e.kind, format!("{:?} {:?}", e.state, e.body)))
+}
+
+fn node_software(
+    seed: u64,
+    dir: PathBuf,
+    cp: NodeId,
+    shared: Arc<Shared>,
+) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = turmoil::Result>>> {
+    move || {
+        let (dir, shared) = (dir.clone(), shared.clone());
+        Box::pin(async move {
+            let node = Node::builder("chk-node")
+                .keypair(keypair(seed, 1))
+                .limits(Limits {
+                    stream_idle_timeout: Duration::from_secs(5),
+                    ..Limits::default()
+                })
+                .capability(
+                    Capability::new("app.chk", "1.0.0")?
+                        .handle(Apply, apply)
+                        .task(Job, job)
+                        .task(Job2, job),
+                )
+                .state(shared.runs.clone())
+                .state_dir(dir)
+                .start()
+                .await?;
+            if node.controller().is_none() {
+                let invite = node.invite(Some(cp))?;
+                lock(&shared.invite).replace(invite);
+            }
+            shared.runs.starts.fetch_add(1, Ordering::SeqCst);
+            let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
+            loop {
+                let (stream, _) = listener.accept().await?;
+                node.accept_stream(stream);
+            }
+        })
+    }
+}
+
+/// The control plane's one session to the node, dialled again by whoever
+/// finds it gone.
+struct Link {
+    cp: Node,
+    node: NodeId,
+    peer: tokio::sync::Mutex<(u64, Peer)>,
+}
+
+impl Link {
+    /// The session now, and its generation.
+    async fn get(&self) -> (u64, Peer) {
+        let g = self.peer.lock().await;
+        (g.0, g.1.clone())
+    }
+
+    /// Dials again, unless someone already did since generation `seen`.
+    async fn redial(&self, seen: u64) {
+        let mut g = self.peer.lock().await;
+        if g.0 != seen {
+            return;
+        }
+        let peer = dial(&self.cp, self.node).await;
+        *g = (g.0 + 1, peer);
+    }
+}
+
+async fn dial(cp: &Node, node: NodeId) -> Peer {
+    loop {
+        let attempt = async {
+            let stream = turmoil::net::TcpStream::connect((NODE, PORT)).await.ok()?;
+            cp.connect_stream(stream, Some(node)).await.ok()
+        };
+        if let Ok(Some(peer)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            return peer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether an error says the call's answer may be lost (no answer seen).
+fn lost(e: &CallError) -> bool {
+    matches!(
+        e,
+        CallError::Timeout | CallError::PeerLost | CallError::Unreachable(_)
+    )
+}
+
+fn code(e: &CallError) -> Option<&ErrorCode> {
+    e.code()
+}
+
+/// How one client's attempts at one call went: its answer, when it came
+/// (`None`: never).
+struct Tries<T> {
+    answer: Result<T, CallError>,
+    at: Option<Tick>,
+}
+
+/// Sends `call` again under the same req_id while its answer is lost or
+/// it is still running (`duplicate` from a ledger that has it running),
+/// up to `tries` times, `keep_going` permitting; records every attempt
+/// with `note`.
+async fn retried<T, F, Fut>(
+    link: &Link,
+    tries: u32,
+    keep_going: impl Fn() -> bool,
+    mut note: impl FnMut(Tick, Option<Tick>, &Result<T, CallError>),
+    mut call: F,
+) -> Tries<T>
+where
+    F: FnMut(Peer) -> Fut,
+    Fut: Future<Output = Result<T, CallError>>,
+{
+    let mut last = Tries {
+        answer: Err(CallError::Timeout),
+        at: None,
+    };
+    for _ in 0..tries {
+        if !keep_going() {
+            break;
+        }
+        let (generation, peer) = link.get().await;
+        let invoke = now_ms();
+        let r = call(peer).await;
+        let done = now_ms();
+        let seen = match &r {
+            Err(e) if lost(e) => None,
+            _ => Some(done),
+        };
+        note(invoke, seen, &r);
+        let again = match &r {
+            Err(e) if lost(e) => {
+                link.redial(generation).await;
+                true
+            }
+            Err(e) if code(e) == Some(&ErrorCode::Duplicate) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                true
+            }
+            _ => false,
+        };
+        last = Tries {
+            answer: r,
+            at: seen,
+        };
+        if !again {
+            break;
+        }
+    }
+    last
+}
+
+fn answer_of<T: Clone>(r: &Result<T, CallError>) -> Answer<T> {
+    match r {
+        Ok(v) => Answer::Ok(v.clone()),
+        Err(e) if lost(e) => Answer::Unknown,
+        Err(e) if code(e) == Some(&ErrorCode::Duplicate) => Answer::Duplicate,
+        Err(e) => Answer::Refused(format!("{e}")),
+    }
+}
+
+/// One client: `ops` operations of every kind, one at a time.
+async fn client(
+    id: u64,
+    mut rng: StdRng,
+    ops: u32,
+    link: Arc<Link>,
+    shared: Arc<Shared>,
+    record: Arc<Mutex<Record>>,
+) {
+    let d = Duration::from_millis(1500);
+    let mut last_version = 0u64;
+    let mut used_job_ids: Vec<ReqId> = Vec::new();
+    for n in 0..ops {
+        // Paced, so that the operations span the schedule of faults.
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..600))).await;
+        let req = ReqId::try_from(format!("c{id}-{n}").as_str()).unwrap();
+        match rng.random_range(0..10u32) {
+            // The configuration: a read.
+            0..=2 => {
+                let (generation, peer) = link.get().await;
+                let invoke = now_ms();
+                let r = peer.request_within(GetConfig, NoArgs {}, d).await;
+                let again = {
+                    let mut rec = lock(&record);
+                    let op = rec.register.invoke(id, RegInput::Get, invoke);
+                    match r {
+                        Ok(ConfigValue { value, version }) => {
+                            last_version = version;
+                            rec.register
+                                .complete(op, now_ms(), RegOutput::Got { version, value });
+                            false
+                        }
+                        Err(e) if lost(&e) => {
+                            rec.unknown += 1;
+                            true
+                        }
+                        Err(e) => panic!("client {id}: get_config refused: {e}"),
+                    }
+                };
+                if again {
+                    link.redial(generation).await;
+                }
+            }
+            // The configuration: a write, or a compare-and-set on the last
+            // version this client saw.
+            3..=5 => {
+                let value = RawValue::encode(&format!("c{id}-{n}")).unwrap();
+                let cas = rng.random_bool(0.5).then_some(last_version);
+                let input = match cas {
+                    Some(v) => RegInput::Cas {
+                        expect_version: v,
+                        value: value.clone(),
+                    },
+                    None => RegInput::Set(value.clone()),
+                };
+                let invoke = now_ms();
+                let args = SetConfigArgs {
+                    value,
+                    if_version: cas,
+                };
+                let tries = retried(
+                    &link,
+                    30,
+                    || true,
+                    |_, _, _| {},
+                    |peer| {
+                        let (args, req) = (args.clone(), req.clone());
+                        async move { peer.request_with_id(SetConfig, args, &req, d).await }
+                    },
+                )
+                .await;
+                let mut rec = lock(&record);
+                let op = rec.register.invoke(id, input, invoke);
+                match tries.answer {
+                    Ok(reply) => {
+                        last_version = reply.version;
+                        let at = tries.at.unwrap();
+                        rec.register.complete(
+                            op,
+                            at,
+                            RegOutput::Written {
+                                version: reply.version,
+                            },
+                        );
+                    }
+                    Err(CallError::Remote(body)) if body.code == ErrorCode::Conflict => {
+                        #[derive(serde::Deserialize)]
+                        struct Detail {
+                            version: u64,
+                        }
+                        let current = body
+                            .detail
+                            .as_ref()
+                            .and_then(|d| d.decode::<Detail>().ok())
+                            .expect("a conflict names the version")
+                            .version;
+                        last_version = current;
+                        rec.register.complete(
+                            op,
+                            tries.at.unwrap(),
+                            RegOutput::Conflict { current },
+                        );
+                    }
+                    Err(e) if lost(&e) || code(&e) == Some(&ErrorCode::Duplicate) => {
+                        rec.unknown += 1;
+                    }
+                    Err(e) => panic!("client {id}: set_config refused: {e}"),
+                }
+            }
+            // A request retried under its req_id until answered, while the
+            // node has not restarted since the first try.
+            6..=7 => {
+                let starts = shared.runs.starts.load(Ordering::SeqCst);
+                let args = ApplyArgs {
+                    key: req.to_string(),
+                    ms: rng.random_range(0..400),
+                };
+                let rec2 = record.clone();
+                let req2 = req.clone();
+                let shared2 = shared.clone();
+                retried(
+                    &link,
+                    30,
+                    || shared2.runs.starts.load(Ordering::SeqCst) == starts,
+                    |invoke, complete, r: &Result<(u64, u64), CallError>| {
+                        let mut rec = lock(&rec2);
+                        let answer = answer_of(r);
+                        if answer == Answer::Unknown {
+                            rec.unknown += 1;
+                        }
+                        // The start that answered, or the one asked.
+                        let sender = match r {
+                            Ok((start, _)) => *start,
+                            Err(_) => u64::from(starts),
+                        };
+                        rec.requests.push(Request {
+                            sender,
+                            req_id: req2.to_string(),
+                            verb: "app.chk/apply".into(),
+                            invoke,
+                            complete,
+                            answer,
+                        });
+                    },
+                    |peer| {
+                        let (args, req) = (args.clone(), req.clone());
+                        async move { peer.request_with_id(Apply, args, &req, d).await }
+                    },
+                )
+                .await;
+            }
+            // A task: submitted (retried under its req_id), followed to
+            // its end across cuts, resumed from the last seq plus 1; now
+            // and then, a req_id of an earlier job reused on `job2`.
+            _ => {
+                if !used_job_ids.is_empty() && rng.random_bool(0.3) {
+                    let reused = used_job_ids[rng.random_range(0..used_job_ids.len())].clone();
+                    let (generation, peer) = link.get().await;
+                    let invoke = now_ms();
+                    let args = JobArgs { n: 1, every_ms: 1 };
+                    let r = peer
+                        .submit_with_id(Job2, args, &reused, d)
+                        .await
+                        .map(|t| t.id().to_owned());
+                    let done = now_ms();
+                    let answer = answer_of(&r);
+                    {
+                        let mut rec = lock(&record);
+                        if answer == Answer::Unknown {
+                            rec.unknown += 1;
+                        }
+                        rec.submits.push(Request {
+                            sender: SENDER,
+                            req_id: reused.to_string(),
+                            verb: "app.chk/job2".into(),
+                            invoke,
+                            complete: (answer != Answer::Unknown).then_some(done),
+                            answer,
+                        });
+                    }
+                    if matches!(&r, Err(e) if lost(e)) {
+                        link.redial(generation).await;
+                    }
+                    continue;
+                }
+                used_job_ids.push(req.clone());
+                let args = JobArgs {
+                    n: rng.random_range(3..12),
+                    every_ms: rng.random_range(50..400),
+                };
+                let rec2 = record.clone();
+                let req2 = req.clone();
+                let tries = retried(
+                    &link,
+                    40,
+                    || true,
+                    |invoke, complete, r: &Result<String, CallError>| {
+                        let mut rec = lock(&rec2);
+                        let answer = answer_of(r);
+                        if answer == Answer::Unknown {
+                            rec.unknown += 1;
+                        }
+                        rec.submits.push(Request {
+                            sender: SENDER,
+                            req_id: req2.to_string(),
+                            verb: "app.chk/job".into(),
+                            invoke,
+                            complete,
+                            answer,
+                        });
+                    },
+                    |peer| {
+                        let (args, req) = (args.clone(), req.clone());
+                        async move {
+                            peer.submit_with_id(Job, args, &req, d)
+                                .await
+                                .map(|t| t.id().to_owned())
+                        }
+                    },
+                )
+                .await;
+                if let Ok(task) = tries.answer
+                    && !follow(&link, &task, &record).await
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Follows task `task` from seq 1 to its end, resuming after each cut
+/// from the last seq received plus 1; then subscribes once more from 1.
+/// Whether it saw the end (when not, the client stops: the check will
+/// say what went wrong).
+async fn follow(link: &Link, task: &str, record: &Mutex<Record>) -> bool {
+    let mut next = 1u64;
+    let mut finished = false;
+    let mut rounds = 0;
+    // A bound on resumes: a stream that never ends is shown as cut (and
+    // the task's end, unseen, is a violation: see `unseen_end`).
+    let mut segments = 0;
+    while (!finished || rounds < 1) && segments < MAX_SEGMENTS {
+        segments += 1;
+        if finished {
+            // Once more from the start, after the end.
+            rounds += 1;
+            next = 1;
+        }
+        let (generation, peer) = link.get().await;
+        let handle = peer.task::<u64>(task);
+        let mut segment = Segment {
+            from: next,
+            received: Vec::new(),
+            end: SegmentEnd::Cut,
+        };
+        match tokio::time::timeout(Duration::from_secs(3), handle.events(next)).await {
+            Ok(Ok(mut events)) => loop {
+                match tokio::time::timeout(Duration::from_secs(8), events.next()).await {
+                    Ok(Some(Ok(e))) => {
+                        next = e.seq + 1;
+                        segment.received.push(kind_of(&e));
+                    }
+                    Ok(None) => {
+                        segment.end = SegmentEnd::Finished;
+                        finished = true;
+                        break;
+                    }
+                    Ok(Some(Err(_))) | Err(_) => break,
+                }
+            },
+            Ok(Err(e)) if !lost(&e) => panic!("task {task}: events refused: {e}"),
+            _ => {}
+        }
+        let cut = segment.end == SegmentEnd::Cut;
+        lock(record)
+            .subscriptions
+            .entry(task.to_owned())
+            .or_default()
+            .push(segment);
+        if cut {
+            link.redial(generation).await;
+        }
+    }
+    finished
+}
+
+/// Subscriptions one subscriber opens to one task at most.
+const MAX_SEGMENTS: usize = 12;
+
+/// A task that ended (its record says so, at seq `end`) whose subscriber
+/// never received that last event, however often it resumed: an event
+/// lost.
+fn unseen_end(task: &str, end: u64, segments: &[Segment<EventKind>]) -> Result<(), Violation> {
+    if segments
+        .iter()
+        .flat_map(|s| &s.received)
+        .any(|e| e.seq == end)
+    {
+        return Ok(());
+    }
+    let mut lines: Vec<String> = segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "resume #{i} from seq {}: received {:?}, {:?}",
+                s.from,
+                s.received.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                s.end
+            )
+        })
+        .collect();
+    lines.truncate(6);
+    Err(Violation::new(
+        checker::Property::SubscriberStream,
+        format!(
+            "task {task} ended at seq {end}, and its subscriber, resuming {} times, \
+             never received that event",
+            segments.len()
+        ),
+        lines,
+    ))
+}
+
+/// The task's log as the node keeps it, read over a session no fault
+/// touches, checked against the task's record: a log whose last event is
+/// not the one the record counts to (its final state) is shown with that
+/// event missing.
+async fn log_of(peer: &Peer, task: &str) -> (u64, Vec<Event<EventKind>>) {
+    let handle = peer.task::<u64>(task);
+    let info = handle.get().await.expect("the task is kept");
+    let mut events = handle.events(1).await.expect("its log is read");
+    let mut log = Vec::new();
+    // Read to its end, or as far as it goes.
+    while let Ok(Some(Ok(e))) = tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+        log.push(kind_of(&e));
+    }
+    if log.last().is_none_or(|e| e.seq < info.seq) {
+        log.push(Event::new(
+            info.seq,
+            (
+                TaskEventKind::Result,
+                format!("{:?}: missing from the log", info.state),
+            ),
+        ));
+    }
+    let end = if info.state.is_final() { info.seq } else { 0 };
+    (end, log)
+}
+
+/// A failure of one run: its seed, the property, the records that show it.
+pub(crate) fn report(seed: u64, v: Violation) -> String {
+    format!(
+        "{}
+replay with: CAPWIRE_CHK_SEED={seed} cargo test --test sim_checked -- --nocapture",
+        v.with_seed(seed)
+    )
+}
+
+/// Runs seed `seed`: `clients` clients of `ops` operations each, under a
+/// seeded schedule of faults. Returns what was checked, or the first
+/// violation.
+pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let min = rng.random_range(1..5);
+    let max = min + rng.random_range(1..60);
+    let mut builder = turmoil::Builder::new();
+    builder
+        .rng_seed(seed)
+        .simulation_duration(Duration::from_secs(3600))
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_millis(min))
+        .max_message_latency(Duration::from_millis(max))
+        .enable_random_order();
+    let mut sim = builder.build();
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Arc::new(Shared::default());
+    let cp_key = keypair(seed, 2);
+    sim.host(
+        NODE,
+        node_software(
+            seed,
+            dir.path().join("node"),
+            cp_key.public(),
+            shared.clone(),
+        ),
+    );
+
+    // The schedule of faults: a few, each at a seeded time after the first
+    // second, none overlapping.
+    let mut schedule = Vec::new();
+    let mut at = Duration::from_millis(rng.random_range(1000..3000));
+    for _ in 0..rng.random_range(2..6u32) {
+        let fault = match rng.random_range(0..5u32) {
+            0 => Fault::Partition,
+            1 => Fault::Hold,
+            2 => Fault::OneWay(CP, NODE),
+            3 => Fault::OneWay(NODE, CP),
+            _ => Fault::Crash,
+        };
+        let length = Duration::from_millis(rng.random_range(200..6000));
+        schedule.push((at, fault, length));
+        at += length + Duration::from_millis(rng.random_range(500..4000));
+    }
+    let crashes: Vec<(Duration, Duration)> = schedule
+        .iter()
+        .filter(|(_, f, _)| matches!(f, Fault::Crash))
+        .map(|(at, _, len)| (*at, *len))
+        .collect();
+    let cuts = schedule.len() as u64 - crashes.len() as u64;
+
+    let record = Arc::new(Mutex::new(Record::default()));
+    let result: Arc<Mutex<Option<Result<(), Violation>>>> = Arc::default();
+    let events_seen = Arc::new(AtomicU64::new(0));
+    {
+        let (shared, record, result) = (shared.clone(), record.clone(), result.clone());
+        let events_seen = events_seen.clone();
+        let client_rng = StdRng::seed_from_u64(rng.random());
+        sim.client(CP, async move {
+            let cp = Node::builder("chk-cp")
+                .keypair(cp_key)
+                .limits(Limits {
+                    stream_idle_timeout: Duration::from_secs(5),
+                    ..Limits::default()
+                })
+                .start()
+                .await?;
+            let invite = loop {
+                if let Some(i) = lock(&shared.invite).clone() {
+                    break i;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            };
+            let peer = dial(&cp, invite.node_id).await;
+            peer.bind(&invite).await?;
+            let link = Arc::new(Link {
+                cp: cp.clone(),
+                node: invite.node_id,
+                peer: tokio::sync::Mutex::new((0, peer)),
+            });
+            // The link's faults (crashes are the driver's).
+            let faults = tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                for (at, fault, length) in schedule {
+                    tokio::time::sleep_until(started + at).await;
+                    match fault {
+                        Fault::Partition => turmoil::partition(CP, NODE),
+                        Fault::Hold => turmoil::hold(CP, NODE),
+                        Fault::OneWay(from, to) => turmoil::partition_oneway(from, to),
+                        Fault::Crash => continue,
+                    }
+                    tokio::time::sleep(length).await;
+                    match fault {
+                        Fault::Hold => turmoil::release(CP, NODE),
+                        _ => turmoil::repair(CP, NODE),
+                    }
+                }
+            });
+            let mut rng = client_rng;
+            let mut running = Vec::new();
+            for id in 1..=clients {
+                let c = client(
+                    id,
+                    StdRng::seed_from_u64(rng.random()),
+                    ops,
+                    link.clone(),
+                    shared.clone(),
+                    record.clone(),
+                );
+                running.push(tokio::spawn(c));
+            }
+            for c in running {
+                c.await?;
+            }
+            faults.await?;
+            // Every fault over: the last word from a session nothing cuts.
+            let (generation, _) = link.get().await;
+            link.redial(generation).await;
+            let (_, peer) = link.get().await;
+            let final_read = peer
+                .request_within(GetConfig, NoArgs {}, Duration::from_secs(5))
+                .await?;
+            let tasks: Vec<String> = lock(&record).subscriptions.keys().cloned().collect();
+            let mut logs = BTreeMap::new();
+            for task in tasks {
+                logs.insert(task.clone(), log_of(&peer, &task).await);
+            }
+            let mut rec = lock(&record);
+            let t = now_ms();
+            rec.register.push(checker::Op::ok(
+                0,
+                RegInput::Get,
+                t,
+                t,
+                RegOutput::Got {
+                    version: final_read.version,
+                    value: final_read.value,
+                },
+            ));
+            let executions = lock(&shared.runs.runs).clone();
+            let check = (|| {
+                checker::linearizable(
+                    &Register::new(RawValue::null()),
+                    &rec.register,
+                    LinOptions::default(),
+                )?;
+                checker::exactly_once_requests(&rec.requests, &executions)?;
+                checker::answers_backed_by_executions(&rec.requests, &executions)?;
+                checker::exactly_once_submits(&rec.submits)?;
+                for (task, segments) in &rec.subscriptions {
+                    events_seen.fetch_add(
+                        segments.iter().map(|s| s.received.len() as u64).sum(),
+                        Ordering::Relaxed,
+                    );
+                    let (end, log) = &logs[task];
+                    checker::subscriber_stream(SENDER, log, segments)?;
+                    if *end > 0 {
+                        unseen_end(task, *end, segments)?;
+                    }
+                }
+                Ok(())
+            })();
+            *lock(&result) = Some(check);
+            Ok(())
+        });
+    }
+
+    // The driver: steps the simulation, crashing and restarting the node
+    // host on the schedule.
+    let mut crashes_left = crashes.into_iter().peekable();
+    let mut down_until: Option<Duration> = None;
+    let mut crashed = 0;
+    loop {
+        let done = sim
+            .step()
+            .map_err(|e| format!("seed {seed}: the simulation failed: {e}"))?;
+        if done {
+            break;
+        }
+        let now = sim.elapsed();
+        if let Some(until) = down_until
+            && now >= until
+        {
+            sim.bounce(NODE);
+            down_until = None;
+        }
+        if down_until.is_none()
+            && let Some(&(at, length)) = crashes_left.peek()
+            && now >= at + Duration::from_secs(1)
+        {
+            crashes_left.next();
+            sim.crash(NODE);
+            crashed += 1;
+            down_until = Some(now + length);
+        }
+    }
+    let check = lock(&result)
+        .take()
+        .ok_or_else(|| format!("seed {seed}: the run ended before its check"))?;
+    check.map_err(|v| report(seed, v))?;
+    let rec = lock(&record);
+    let subscriptions: u64 = rec.subscriptions.values().map(|s| s.len() as u64).sum();
+    Ok(Counts {
+        ops: (rec.register.len() + rec.requests.len() + rec.submits.len()) as u64 + subscriptions,
+        unknown: rec.unknown,
+        cuts,
+        crashes: crashed,
+        runs: lock(&shared.runs.runs).len() as u64,
+        events: events_seen.load(Ordering::Relaxed),
+    })
+}
