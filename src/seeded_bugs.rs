@@ -1,7 +1,7 @@
 //! Known defects, planted at run time, so that the checked simulation
 //! (`tests/checked_bugs.rs`) can show its history checker catches each
 //! one. Compiled only with the `seeded-bugs` feature, which no build but
-//! that test's turns on; without it, [`planted`] is `false` and every
+//! that test's turns on; without it, `planted` is `false` and every
 //! branch on it is compiled away. Not an API.
 
 #[cfg(feature = "seeded-bugs")]
