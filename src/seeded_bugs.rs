@@ -1,8 +1,8 @@
 //! Known defects, planted at run time, so that the checked simulation
 //! (`tests/checked_bugs.rs`) can show its history checker catches each
-//! one. Compiled only with the `seeded-bugs` feature, which no build but
-//! that test's turns on; without it, `planted` is `false` and every
-//! branch on it is compiled away. Not an API.
+//! one. The switch (`plant`) exists only with the `seeded-bugs` feature,
+//! which no build but that test's turns on; without it, `planted` is a
+//! constant `false` and every branch on it is compiled away. Not an API.
 
 #[cfg(feature = "seeded-bugs")]
 use std::sync::atomic::{AtomicU8, Ordering};
