@@ -21,6 +21,10 @@ pub enum Bug {
     /// Folding a task's old events deletes its final one: a subscriber
     /// that resumes after the end never sees the final state.
     FoldDropsFinalState = 3,
+    /// A revocation leaves the presented tokens and the answers cached
+    /// from them in place: the revoked grant goes on letting calls
+    /// through.
+    CacheOutlivesRevocation = 4,
 }
 
 #[cfg(feature = "seeded-bugs")]
@@ -30,6 +34,8 @@ static PLANTED: AtomicU8 = AtomicU8::new(0);
 #[cfg(feature = "seeded-bugs")]
 pub fn plant(bug: Option<Bug>) {
     PLANTED.store(bug.map_or(0, |b| b as u8), Ordering::SeqCst);
+    capwire_authz::SEEDED_CACHE_OUTLIVES_REVOCATION
+        .store(bug == Some(Bug::CacheOutlivesRevocation), Ordering::SeqCst);
 }
 
 /// Whether `bug` is planted.

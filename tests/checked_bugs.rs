@@ -47,6 +47,11 @@ fn every_seeded_defect_is_caught_with_the_property_it_breaks() {
             "two verbs",
         ),
         (Bug::FoldDropsFinalState, "subscriber stream", "seq"),
+        (
+            Bug::CacheOutlivesRevocation,
+            "no effect after revocation",
+            "delegate",
+        ),
     ];
     for (bug, property, says) in cases {
         let Some((seed, report)) = first_failure(bug) else {

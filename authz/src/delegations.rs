@@ -26,6 +26,15 @@ pub const MAX_HOLDERS: usize = 4096;
 pub const MAX_ANSWERS_PER_HOLDER: usize = 64;
 /// Revocations kept (each while the binding it was made under lasts).
 pub const MAX_REVOCATIONS: usize = 10_000;
+/// A known defect, planted by capwire's test-only `seeded-bugs` feature
+/// to show its history checker catches it: a revocation is recorded, but
+/// the tokens kept and the answers cached stay, and go on letting calls
+/// through. Not an API.
+#[cfg(feature = "seeded-bugs")]
+#[doc(hidden)]
+pub static SEEDED_CACHE_OUTLIVES_REVOCATION: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Longest an answer is cached without being asked again.
 const ANSWER_TTL: Duration = Duration::from_secs(60);
 
@@ -256,6 +265,11 @@ impl Delegations {
         let mut inner = self.lock();
         if !inner.revoked.contains(&id) && inner.revoked.len() >= MAX_REVOCATIONS {
             return Err(TooManyRevocations);
+        }
+        #[cfg(feature = "seeded-bugs")]
+        if SEEDED_CACHE_OUTLIVES_REVOCATION.load(std::sync::atomic::Ordering::Relaxed) {
+            inner.revoked.insert(id);
+            return Ok(());
         }
         for holder in inner.holders.values_mut() {
             holder

@@ -81,6 +81,9 @@ pub use bind::{
 pub use binding::Binding;
 pub use capwire_manifest::{AuthClass, DeclaredClass};
 pub use decide::{Decision, OwnedPermit, Permit, control_auth_class, decide, decide_with};
+#[cfg(feature = "seeded-bugs")]
+#[doc(hidden)]
+pub use delegations::SEEDED_CACHE_OUTLIVES_REVOCATION;
 pub use delegations::{
     Delegated, Delegations, GrantCounts, MAX_ANSWERS_PER_HOLDER, MAX_HOLDERS, MAX_REVOCATIONS,
     MAX_TOKENS_PER_HOLDER, TooManyRevocations,

@@ -14,7 +14,19 @@
 //!   same req_id reused on `app.chk/job2` refused, never given that task;
 //! - each task's subscriber, resuming from its last seq plus 1 after every
 //!   cut (and once more from 1 after the end): every event once, in order,
-//!   through the final state.
+//!   through the final state;
+//! - grants: a third host, the delegate, presents the tokens the control
+//!   plane mints for it (`app.chk/apply` only) and calls with them while
+//!   the control plane revokes them; and the binding: controller calls
+//!   race an unbind of the control plane (`core.monitoring/disable`) and
+//!   the bind again with a new invite. No call invoked after a revocation
+//!   or unbind was done is acknowledged, unless a new grant or bind may
+//!   have come between.
+//!
+//! A fault of the schedule may also write one record of the control
+//! plane's twice (a replayed record, [`DupStream`]): the node must end
+//! that session (WIRE.md 1.4) and serve nothing more on it; the run counts
+//! the copies and those after which nothing more came.
 //!
 //! A crash is a kill: the node host's tasks stop where they are and what
 //! its store had not written is gone; the directory stays, and the node
@@ -43,9 +55,12 @@ use capwire::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use capwire::grants::{GrantPublicKey, Right};
+use capwire::manifest::MonitoringDisable;
+
 use crate::checker::{
-    self, Answer, Event, Execution, History, LinOptions, RegInput, RegOutput, Register, Request,
-    Segment, SegmentEnd, Tick, Violation,
+    self, Answer, AuthorityChange, AuthorityKind, ControllerCall, Event, Execution, History,
+    LinOptions, RegInput, RegOutput, Register, Request, Segment, SegmentEnd, Tick, Violation,
 };
 
 const NODE: &str = "node";
@@ -149,6 +164,14 @@ pub(crate) struct Counts {
     pub(crate) runs: u64,
     /// Task events received by subscribers.
     pub(crate) events: u64,
+    /// Faults injected: records written twice.
+    pub(crate) duplicates: u64,
+    /// Of those, refused: the node answered nothing more on that
+    /// session once what was on its way had come
+    /// ([`QUIET_AFTER_DUPLICATE`]).
+    pub(crate) duplicates_refused: u64,
+    /// Changes of authority (binds, unbinds, grants presented, revocations).
+    pub(crate) authority: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -159,6 +182,9 @@ impl std::ops::AddAssign for Counts {
         self.crashes += o.crashes;
         self.runs += o.runs;
         self.events += o.events;
+        self.duplicates += o.duplicates;
+        self.duplicates_refused += o.duplicates_refused;
+        self.authority += o.authority;
     }
 }
 
@@ -173,6 +199,8 @@ enum Fault {
     OneWay(&'static str, &'static str),
     /// The node host killed, then started again.
     Crash,
+    /// The next record the control plane writes, written twice.
+    Duplicate,
 }
 
 /// What the node host and the harness share.
@@ -180,7 +208,22 @@ enum Fault {
 struct Shared {
     /// The invite of the node's first start.
     invite: Mutex<Option<capwire::Invite>>,
+    /// The node now (gone while its host is down).
+    node: Mutex<Option<Node>>,
     runs: Runs,
+    /// Between the control plane and the delegate.
+    board: Mutex<Board>,
+}
+
+/// What the control plane hands the delegate, and what it says back.
+#[derive(Default)]
+struct Board {
+    /// The delegate's id and grant key, once it runs.
+    delegate: Option<(NodeId, GrantPublicKey)>,
+    /// Tokens minted for it, newest last.
+    tokens: Vec<String>,
+    /// Set when the delegate is to stop.
+    stop: bool,
 }
 
 /// Everything the clients recorded.
@@ -191,6 +234,11 @@ struct Record {
     submits: Vec<Request<String>>,
     /// Per task: the subscriber's segments.
     subscriptions: BTreeMap<String, Vec<Segment<EventKind>>>,
+    /// Changes of authority: the control plane's binding (key "cp") and
+    /// the delegate's grants (key "delegate").
+    authority: Vec<AuthorityChange<&'static str>>,
+    /// Controller calls that needed them.
+    controller_calls: Vec<ControllerCall<&'static str>>,
     unknown: u64,
 }
 
@@ -226,10 +274,11 @@ fn node_software(
                 .state_dir(dir)
                 .start()
                 .await?;
-            if node.controller().is_none() {
+            if node.controller().is_none() && lock(&shared.invite).is_none() {
                 let invite = node.invite(Some(cp))?;
                 lock(&shared.invite).replace(invite);
             }
+            lock(&shared.node).replace(node.clone());
             shared.runs.starts.fetch_add(1, Ordering::SeqCst);
             let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
             loop {
@@ -246,6 +295,7 @@ struct Link {
     cp: Node,
     node: NodeId,
     peer: tokio::sync::Mutex<(u64, Peer)>,
+    dups: Arc<Dups>,
 }
 
 impl Link {
@@ -261,21 +311,194 @@ impl Link {
         if g.0 != seen {
             return;
         }
-        let peer = dial(&self.cp, self.node).await;
+        let peer = dial_with(&self.cp, self.node, Some(&self.dups)).await;
         *g = (g.0 + 1, peer);
     }
 }
 
 async fn dial(cp: &Node, node: NodeId) -> Peer {
+    dial_with(cp, node, None).await
+}
+
+/// Dials, the stream wrapped in a [`DupStream`] when `dup` is given.
+async fn dial_with(cp: &Node, node: NodeId, dup: Option<&Arc<Dups>>) -> Peer {
     loop {
         let attempt = async {
             let stream = turmoil::net::TcpStream::connect((NODE, PORT)).await.ok()?;
-            cp.connect_stream(stream, Some(node)).await.ok()
+            match dup {
+                Some(d) => cp
+                    .connect_stream(DupStream::new(stream, d.clone()), Some(node))
+                    .await
+                    .ok(),
+                None => cp.connect_stream(stream, Some(node)).await.ok(),
+            }
         };
         if let Ok(Some(peer)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
             return peer;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// After a record written twice, what the node sent before it read the
+/// copy arrives within this (the link's latency is at most 64 ms each
+/// way); anything later means it went on serving the session.
+const QUIET_AFTER_DUPLICATE: Tick = 300;
+
+/// Duplicated records: the fault's switch and what came of it.
+#[derive(Default)]
+struct Dups {
+    /// Set by the schedule: the next record written is written twice.
+    armed: std::sync::atomic::AtomicBool,
+    /// When each duplicate was written, and when its stream last brought
+    /// bytes from the peer after that, in simulated ms.
+    seen: Mutex<Vec<(Tick, Option<Tick>)>>,
+}
+
+/// The control plane's side of a session's byte stream, which can write
+/// one record (`len:u16be message[len]`, WIRE.md 1.2) twice: a record
+/// replayed on the wire, which the node must refuse (its nonce is spent:
+/// the session ends) and never act on twice.
+struct DupStream<S> {
+    inner: S,
+    /// The record being taken apart.
+    frame: Vec<u8>,
+    /// What is to be written to `inner`.
+    out: Vec<u8>,
+    sent: usize,
+    records: u64,
+    /// The index in `dups.seen` of this stream's duplicate, if it wrote one.
+    duplicate: Option<usize>,
+    dups: Arc<Dups>,
+}
+
+impl<S> DupStream<S> {
+    fn new(inner: S, dups: Arc<Dups>) -> Self {
+        DupStream {
+            inner,
+            frame: Vec::new(),
+            out: Vec::new(),
+            sent: 0,
+            records: 0,
+            duplicate: None,
+            dups,
+        }
+    }
+
+    /// Takes `buf` apart into records, queueing each (twice when armed,
+    /// past the handshake's three messages).
+    fn take(&mut self, mut buf: &[u8]) {
+        while !buf.is_empty() {
+            let need = if self.frame.len() < 2 {
+                2 - self.frame.len()
+            } else {
+                2 + usize::from(u16::from_be_bytes([self.frame[0], self.frame[1]]))
+                    - self.frame.len()
+            };
+            let n = need.min(buf.len());
+            self.frame.extend_from_slice(&buf[..n]);
+            buf = &buf[n..];
+            let whole = self.frame.len() >= 2
+                && self.frame.len()
+                    == 2 + usize::from(u16::from_be_bytes([self.frame[0], self.frame[1]]));
+            if whole {
+                self.out.extend_from_slice(&self.frame);
+                self.records += 1;
+                if self.records > 3
+                    && self.duplicate.is_none()
+                    && self.dups.armed.swap(false, Ordering::SeqCst)
+                {
+                    self.out.extend_from_slice(&self.frame);
+                    let mut seen = lock(&self.dups.seen);
+                    seen.push((now_ms(), None));
+                    self.duplicate = Some(seen.len() - 1);
+                }
+                self.frame.clear();
+            }
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> DupStream<S> {
+    fn drain(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        while self.sent < self.out.len() {
+            match std::pin::Pin::new(&mut self.inner).poll_write(cx, &self.out[self.sent..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => self.sent += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.out.clear();
+        self.sent = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for DupStream<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        match this.drain(cx) {
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            // Bounded: at most 64 KiB waits here.
+            Poll::Pending if this.out.len() - this.sent > 64 * 1024 => return Poll::Pending,
+            _ => {}
+        }
+        this.take(buf);
+        if let Poll::Ready(Err(e)) = this.drain(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.drain(cx))?;
+        std::pin::Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.drain(cx))?;
+        std::pin::Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for DupStream<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
+        let ended = match &r {
+            std::task::Poll::Ready(Ok(())) => buf.filled().len() == before,
+            std::task::Poll::Ready(Err(_)) => true,
+            std::task::Poll::Pending => false,
+        };
+        if !ended
+            && buf.filled().len() > before
+            && let Some(i) = this.duplicate
+        {
+            lock(&this.dups.seen)[i].1 = Some(now_ms());
+        }
+        r
     }
 }
 
@@ -648,8 +871,248 @@ async fn follow(link: &Link, task: &str, record: &Mutex<Record>) -> bool {
     finished
 }
 
+/// One controller call of `key`'s (an `apply` under a fresh req_id, not
+/// retried), recorded.
+async fn controller_call(peer: &Peer, key: &'static str, n: u64, record: &Mutex<Record>) -> bool {
+    let req = ReqId::try_from(format!("{key}-{n}").as_str()).unwrap();
+    let args = ApplyArgs {
+        key: req.to_string(),
+        ms: 0,
+    };
+    let invoke = now_ms();
+    let r = peer
+        .request_with_id(Apply, args, &req, Duration::from_millis(1500))
+        .await;
+    let lost = matches!(&r, Err(e) if lost(e));
+    lock(record).controller_calls.push(ControllerCall {
+        key,
+        verb: "app.chk/apply".into(),
+        invoke,
+        complete: (!lost).then(now_ms),
+        acknowledged: r.is_ok(),
+    });
+    lost
+}
+
+/// The delegate host: a node that presents the newest token the control
+/// plane minted for it and makes controller calls with it, presenting
+/// again after every lost session, until told to stop.
+async fn delegate(seed: u64, shared: Arc<Shared>, record: Arc<Mutex<Record>>) -> turmoil::Result {
+    let me = Node::builder("chk-delegate")
+        .keypair(keypair(seed, 3))
+        .start()
+        .await?;
+    lock(&shared.board).delegate = Some((me.id(), me.grant_key()));
+    let node_id = loop {
+        if let Some(i) = lock(&shared.invite).as_ref() {
+            break i.node_id;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let mut n = 0u64;
+    let mut presented = 0usize;
+    let mut peer: Option<Peer> = None;
+    loop {
+        let (stop, newest) = {
+            let b = lock(&shared.board);
+            (b.stop, b.tokens.len())
+        };
+        if stop {
+            return Ok(());
+        }
+        if newest == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        let p = match &peer {
+            Some(p) => p.clone(),
+            None => {
+                let p = dial(&me, node_id).await;
+                peer = Some(p.clone());
+                presented = 0;
+                p
+            }
+        };
+        if presented < newest {
+            let token = lock(&shared.board).tokens[newest - 1].clone();
+            let invoke = now_ms();
+            let r = p.present(&token).await;
+            match &r {
+                Ok(_) => record_grant(&record, "delegate", invoke, Some(now_ms())),
+                Err(e) if lost(e) => {
+                    record_grant(&record, "delegate", invoke, None);
+                    peer = None;
+                    continue;
+                }
+                // Refused (revoked, or void since the binding changed).
+                Err(_) => {}
+            }
+            presented = newest;
+        }
+        n += 1;
+        if controller_call(&p, "delegate", n, &record).await {
+            peer = None;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+fn record_grant(record: &Mutex<Record>, key: &'static str, invoke: Tick, complete: Option<Tick>) {
+    lock(record).authority.push(AuthorityChange {
+        key,
+        kind: AuthorityKind::Grant,
+        invoke,
+        complete,
+    });
+}
+
+/// The control plane's side of the grants: `rounds` times, mints a token
+/// for the delegate (for `app.chk/apply` only), lets it work a while, and
+/// revokes it.
+async fn grant_rounds(
+    rng: &mut StdRng,
+    cp: &Node,
+    link: &Link,
+    shared: &Shared,
+    record: &Mutex<Record>,
+    rounds: u32,
+) {
+    let (holder, holder_key) = loop {
+        if let Some(d) = lock(&shared.board).delegate {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    for _ in 0..rounds {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..2000))).await;
+        let token = loop {
+            let (generation, peer) = link.get().await;
+            let minted = cp
+                .grant(
+                    &peer,
+                    holder,
+                    holder_key,
+                    vec![Right::verb("app.chk", "apply")],
+                    Duration::from_secs(3600),
+                )
+                .await;
+            match minted {
+                Ok(t) => break t,
+                Err(capwire::grants::GrantCallError::Call(e)) if lost(&e) => {
+                    link.redial(generation).await;
+                }
+                Err(e) => panic!("minting a grant failed: {e}"),
+            }
+        };
+        lock(&shared.board).tokens.push(token.clone());
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..3000))).await;
+        let id = capwire::grants::revocation_ids(&token).unwrap()[0].clone();
+        let invoke = now_ms();
+        let tries = retried(
+            link,
+            30,
+            || true,
+            |_, _, _| {},
+            |peer| {
+                let id = id.clone();
+                async move { peer.revoke_grant(&id).await }
+            },
+        )
+        .await;
+        assert!(
+            tries.answer.is_ok(),
+            "the revocation was not answered: {:?}",
+            tries.answer.err()
+        );
+        lock(record).authority.push(AuthorityChange {
+            key: "delegate",
+            kind: AuthorityKind::Revoke,
+            invoke,
+            complete: tries.at,
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+    lock(&shared.board).stop = true;
+}
+
+/// The binding: controller calls race an unbind of the control plane
+/// (`core.monitoring/disable`) and the bind again with a new invite.
+async fn binding_round(
+    rng: &mut StdRng,
+    cp_id: NodeId,
+    link: Arc<Link>,
+    shared: &Shared,
+    record: Arc<Mutex<Record>>,
+) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racer = {
+        let (link, record, stop) = (link.clone(), record.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                n += 1;
+                let (generation, peer) = link.get().await;
+                if controller_call(&peer, "cp", n, &record).await {
+                    link.redial(generation).await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
+    // Unbound: answered, or seen on the node itself when the answer is lost.
+    let invoke = now_ms();
+    let mut complete = None;
+    while complete.is_none() {
+        let (generation, peer) = link.get().await;
+        match peer
+            .request_within(MonitoringDisable, NoArgs {}, Duration::from_millis(1500))
+            .await
+        {
+            Ok(()) => complete = Some(now_ms()),
+            Err(e) if lost(&e) => link.redial(generation).await,
+            // Already unbound (a lost answer to an earlier try).
+            Err(_) => break,
+        }
+    }
+    lock(&record).authority.push(AuthorityChange {
+        key: "cp",
+        kind: AuthorityKind::Unbind,
+        invoke,
+        complete,
+    });
+    tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
+    // Bound again with a new invite.
+    let invoke = now_ms();
+    loop {
+        let node = loop {
+            if let Some(n) = lock(&shared.node).clone() {
+                break n;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if node.controller() == Some(cp_id) {
+            break;
+        }
+        let Ok(invite) = node.invite(Some(cp_id)) else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let (generation, peer) = link.get().await;
+        if let Err(e) = peer.bind(&invite).await
+            && lost(&e)
+        {
+            link.redial(generation).await;
+        }
+    }
+    record_grant(&record, "cp", invoke, Some(now_ms()));
+    tokio::time::sleep(Duration::from_millis(rng.random_range(100..1000))).await;
+    stop.store(true, Ordering::SeqCst);
+    racer.await.unwrap();
+}
+
 /// Subscriptions one subscriber opens to one task at most.
-const MAX_SEGMENTS: usize = 12;
+const MAX_SEGMENTS: usize = 40;
 
 /// A task that ended (its record says so, at seq `end`) whose subscriber
 /// never received that last event, however often it resumed: an event
@@ -690,14 +1153,27 @@ fn unseen_end(task: &str, end: u64, segments: &[Segment<EventKind>]) -> Result<(
 /// touches, checked against the task's record: a log whose last event is
 /// not the one the record counts to (its final state) is shown with that
 /// event missing.
-async fn log_of(peer: &Peer, task: &str) -> (u64, Vec<Event<EventKind>>) {
+/// `None` when the session was lost on the way.
+async fn log_of(peer: &Peer, task: &str) -> Option<(u64, Vec<Event<EventKind>>)> {
     let handle = peer.task::<u64>(task);
-    let info = handle.get().await.expect("the task is kept");
-    let mut events = handle.events(1).await.expect("its log is read");
+    let info = match handle.get().await {
+        Ok(info) => info,
+        Err(e) if lost(&e) => return None,
+        Err(e) => panic!("task {task} is not kept: {e}"),
+    };
+    let mut events = match handle.events(1).await {
+        Ok(events) => events,
+        Err(e) if lost(&e) => return None,
+        Err(e) => panic!("task {task}: its log is not read: {e}"),
+    };
     let mut log = Vec::new();
     // Read to its end, or as far as it goes.
-    while let Ok(Some(Ok(e))) = tokio::time::timeout(Duration::from_secs(10), events.next()).await {
-        log.push(kind_of(&e));
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+            Ok(Some(Ok(e))) => log.push(kind_of(&e)),
+            Ok(Some(Err(e))) if lost(&e) => return None,
+            Ok(Some(Err(_)) | None) | Err(_) => break,
+        }
     }
     if log.last().is_none_or(|e| e.seq < info.seq) {
         log.push(Event::new(
@@ -709,7 +1185,7 @@ async fn log_of(peer: &Peer, task: &str) -> (u64, Vec<Event<EventKind>>) {
         ));
     }
     let end = if info.state.is_final() { info.seq } else { 0 };
-    (end, log)
+    Some((end, log))
 }
 
 /// A failure of one run: its seed, the property, the records that show it.
@@ -755,11 +1231,12 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
     let mut schedule = Vec::new();
     let mut at = Duration::from_millis(rng.random_range(1000..3000));
     for _ in 0..rng.random_range(2..6u32) {
-        let fault = match rng.random_range(0..5u32) {
+        let fault = match rng.random_range(0..6u32) {
             0 => Fault::Partition,
             1 => Fault::Hold,
             2 => Fault::OneWay(CP, NODE),
             3 => Fault::OneWay(NODE, CP),
+            4 => Fault::Duplicate,
             _ => Fault::Crash,
         };
         let length = Duration::from_millis(rng.random_range(200..6000));
@@ -771,13 +1248,23 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
         .filter(|(_, f, _)| matches!(f, Fault::Crash))
         .map(|(at, _, len)| (*at, *len))
         .collect();
-    let cuts = schedule.len() as u64 - crashes.len() as u64;
+    let duplicates = schedule
+        .iter()
+        .filter(|(_, f, _)| matches!(f, Fault::Duplicate))
+        .count() as u64;
+    let cuts = schedule.len() as u64 - crashes.len() as u64 - duplicates;
+    let dups = Arc::new(Dups::default());
 
     let record = Arc::new(Mutex::new(Record::default()));
+    {
+        let (shared, record) = (shared.clone(), record.clone());
+        sim.client("delegate", delegate(seed, shared, record));
+    }
     let result: Arc<Mutex<Option<Result<(), Violation>>>> = Arc::default();
     let events_seen = Arc::new(AtomicU64::new(0));
     {
         let (shared, record, result) = (shared.clone(), record.clone(), result.clone());
+        let dups = dups.clone();
         let events_seen = events_seen.clone();
         let client_rng = StdRng::seed_from_u64(rng.random());
         sim.client(CP, async move {
@@ -795,13 +1282,15 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
             };
-            let peer = dial(&cp, invite.node_id).await;
+            let peer = dial_with(&cp, invite.node_id, Some(&dups)).await;
             peer.bind(&invite).await?;
             let link = Arc::new(Link {
                 cp: cp.clone(),
                 node: invite.node_id,
                 peer: tokio::sync::Mutex::new((0, peer)),
+                dups: dups.clone(),
             });
+            let armer = dups.clone();
             // The link's faults (crashes are the driver's).
             let faults = tokio::spawn(async move {
                 let started = tokio::time::Instant::now();
@@ -811,6 +1300,14 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                         Fault::Partition => turmoil::partition(CP, NODE),
                         Fault::Hold => turmoil::hold(CP, NODE),
                         Fault::OneWay(from, to) => turmoil::partition_oneway(from, to),
+                        Fault::Duplicate => {
+                            // Armed for its window only, so that no other
+                            // fault comes within 500 ms of the copy.
+                            armer.armed.store(true, Ordering::SeqCst);
+                            tokio::time::sleep(length).await;
+                            armer.armed.store(false, Ordering::SeqCst);
+                            continue;
+                        }
                         Fault::Crash => continue,
                     }
                     tokio::time::sleep(length).await;
@@ -821,6 +1318,16 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                 }
             });
             let mut rng = client_rng;
+            // The grants, beside the clients.
+            let grants = {
+                let (cp, link, shared, record) =
+                    (cp.clone(), link.clone(), shared.clone(), record.clone());
+                let mut rng = StdRng::seed_from_u64(rng.random());
+                tokio::spawn(async move {
+                    let rounds = rng.random_range(1..4);
+                    grant_rounds(&mut rng, &cp, &link, &shared, &record, rounds).await;
+                })
+            };
             let mut running = Vec::new();
             for id in 1..=clients {
                 let c = client(
@@ -836,19 +1343,50 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
             for c in running {
                 c.await?;
             }
+            grants.await?;
+            // The binding, once the clients are done (their calls need it).
+            let mut binding_rng = StdRng::seed_from_u64(rng.random());
+            binding_round(
+                &mut binding_rng,
+                cp.id(),
+                link.clone(),
+                &shared,
+                record.clone(),
+            )
+            .await;
             faults.await?;
-            // Every fault over: the last word from a session nothing cuts.
-            let (generation, _) = link.get().await;
-            link.redial(generation).await;
-            let (_, peer) = link.get().await;
-            let final_read = peer
-                .request_within(GetConfig, NoArgs {}, Duration::from_secs(5))
-                .await?;
+            // Every fault over (the driver's last crash may still come):
+            // the last word, read again whole if a session is lost.
             let tasks: Vec<String> = lock(&record).subscriptions.keys().cloned().collect();
-            let mut logs = BTreeMap::new();
-            for task in tasks {
-                logs.insert(task.clone(), log_of(&peer, &task).await);
-            }
+            let (final_read, logs) = loop {
+                let (generation, _) = link.get().await;
+                link.redial(generation).await;
+                let (_, peer) = link.get().await;
+                let final_read = match peer
+                    .request_within(GetConfig, NoArgs {}, Duration::from_secs(5))
+                    .await
+                {
+                    Ok(v) => v,
+                    Err(e) if lost(&e) => continue,
+                    Err(e) => panic!("the final read was refused: {e}"),
+                };
+                let mut logs = BTreeMap::new();
+                let mut whole = true;
+                for task in &tasks {
+                    match log_of(&peer, task).await {
+                        Some(log) => {
+                            logs.insert(task.clone(), log);
+                        }
+                        None => {
+                            whole = false;
+                            break;
+                        }
+                    }
+                }
+                if whole {
+                    break (final_read, logs);
+                }
+            };
             let mut rec = lock(&record);
             let t = now_ms();
             rec.register.push(checker::Op::ok(
@@ -871,6 +1409,7 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                 checker::exactly_once_requests(&rec.requests, &executions)?;
                 checker::answers_backed_by_executions(&rec.requests, &executions)?;
                 checker::exactly_once_submits(&rec.submits)?;
+                checker::no_effect_after_revocation(&rec.authority, &rec.controller_calls)?;
                 for (task, segments) in &rec.subscriptions {
                     events_seen.fetch_add(
                         segments.iter().map(|s| s.received.len() as u64).sum(),
@@ -914,6 +1453,8 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
         {
             crashes_left.next();
             sim.crash(NODE);
+            // The node is gone with its host: nobody may ask it anything.
+            drop(lock(&shared.node).take());
             crashed += 1;
             down_until = Some(now + length);
         }
@@ -922,14 +1463,37 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
         .take()
         .ok_or_else(|| format!("seed {seed}: the run ended before its check"))?;
     check.map_err(|v| report(seed, v))?;
+    let (duplicates, duplicates_refused) = {
+        let seen = lock(&dups.seen);
+        for (at, last) in seen.iter() {
+            if let Some(last) = last.filter(|l| *l > at + QUIET_AFTER_DUPLICATE) {
+                println!(
+                    "seed {seed}: a record written twice at {at} ms, bytes from the node until {last} ms"
+                );
+            }
+        }
+        let refused = seen
+            .iter()
+            .filter(|(at, last)| last.is_none_or(|l| l <= at + QUIET_AFTER_DUPLICATE))
+            .count();
+        (seen.len() as u64, refused as u64)
+    };
     let rec = lock(&record);
     let subscriptions: u64 = rec.subscriptions.values().map(|s| s.len() as u64).sum();
     Ok(Counts {
-        ops: (rec.register.len() + rec.requests.len() + rec.submits.len()) as u64 + subscriptions,
+        ops: (rec.register.len()
+            + rec.requests.len()
+            + rec.submits.len()
+            + rec.authority.len()
+            + rec.controller_calls.len()) as u64
+            + subscriptions,
         unknown: rec.unknown,
         cuts,
         crashes: crashed,
         runs: lock(&shared.runs.runs).len() as u64,
         events: events_seen.load(Ordering::Relaxed),
+        duplicates,
+        duplicates_refused,
+        authority: rec.authority.len() as u64,
     })
 }
