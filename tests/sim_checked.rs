@@ -63,13 +63,16 @@ fn sweep(part: u64, parts: u64) {
     }
     println!(
         "{} seeds in {:?}: {} operations checked ({} with unknown outcomes, {} changes of \
-         authority), {} handler runs, {} task events delivered; faults: {} cuts, {} crashes, \
-         {} records written twice ({} refused: nothing more answered on their session)",
+         authority, {} questions answered, {} tasks cancelled), {} handler runs, {} task events \
+         delivered; faults: {} cuts, {} crashes, {} records written twice ({} refused: nothing \
+         more answered on their session)",
         seeds.len(),
         started.elapsed(),
         total.ops,
         total.unknown,
         total.authority,
+        total.answered,
+        total.cancelled,
         total.runs,
         total.events,
         total.cuts,

@@ -15,6 +15,11 @@
 //! - each task's subscriber, resuming from its last seq plus 1 after every
 //!   cut (and once more from 1 after the end): every event once, in order,
 //!   through the final state;
+//! - questions some tasks ask halfway, answered (`respond_to` the
+//!   question's seq, retried while the answer is lost): at most one answer
+//!   per question in the log, and an acknowledged one is there; cancels
+//!   while tasks run: a cancel that answered a final state is the state
+//!   the log ends in;
 //! - grants: a third host, the delegate, presents the tokens the control
 //!   plane mints for it (`app.chk/apply` only) and calls with them while
 //!   the control plane revokes them; and the binding: controller calls
@@ -47,7 +52,8 @@ use std::time::Duration;
 
 use capwire::envelope::{ErrorCode, RawValue, ReqId};
 use capwire::manifest::{
-    ConfigValue, GetConfig, NoArgs, SetConfig, SetConfigArgs, TaskEvent, TaskEventKind, verb,
+    ConfigValue, GetConfig, NoArgs, SetConfig, SetConfigArgs, TaskEvent, TaskEventKind, TaskState,
+    verb,
 };
 use capwire::{
     CallError, Capability, HandlerError, Keypair, Limits, Node, NodeId, Peer, State, Task,
@@ -85,6 +91,8 @@ pub(crate) struct ApplyArgs {
 pub(crate) struct JobArgs {
     n: u64,
     every_ms: u64,
+    /// Asks a question halfway (answered within 3 s, or not at all).
+    ask: bool,
 }
 
 verb! {
@@ -137,6 +145,12 @@ async fn job(args: JobArgs, task: Task) -> Result<u64, HandlerError> {
     for step in 1..=args.n {
         tokio::time::sleep(Duration::from_millis(args.every_ms)).await;
         task.progress(&step).await?;
+        if args.ask && step == args.n.div_ceil(2) {
+            // The answer, when one comes, is the next progress.
+            if let Ok(answer) = task.ask::<u64, u64>(&step, Duration::from_secs(3)).await {
+                task.progress(&answer).await?;
+            }
+        }
     }
     Ok(args.n)
 }
@@ -172,6 +186,10 @@ pub(crate) struct Counts {
     pub(crate) duplicates_refused: u64,
     /// Changes of authority (binds, unbinds, grants presented, revocations).
     pub(crate) authority: u64,
+    /// Questions answered (acknowledged).
+    pub(crate) answered: u64,
+    /// Tasks cancelled (the cancel answered `cancelled`).
+    pub(crate) cancelled: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -185,6 +203,8 @@ impl std::ops::AddAssign for Counts {
         self.duplicates += o.duplicates;
         self.duplicates_refused += o.duplicates_refused;
         self.authority += o.authority;
+        self.answered += o.answered;
+        self.cancelled += o.cancelled;
     }
 }
 
@@ -239,6 +259,11 @@ struct Record {
     authority: Vec<AuthorityChange<&'static str>>,
     /// Controller calls that needed them.
     controller_calls: Vec<ControllerCall<&'static str>>,
+    /// Answers given to tasks' questions: (task, question seq, answer,
+    /// whether an attempt was answered ok).
+    responds: Vec<(String, u64, u64, bool)>,
+    /// Cancels: (task, the state its answer gave, if one came).
+    cancels: Vec<(String, Option<TaskState>)>,
     unknown: u64,
 }
 
@@ -743,7 +768,11 @@ async fn client(
                     let reused = used_job_ids[rng.random_range(0..used_job_ids.len())].clone();
                     let (generation, peer) = link.get().await;
                     let invoke = now_ms();
-                    let args = JobArgs { n: 1, every_ms: 1 };
+                    let args = JobArgs {
+                        n: 1,
+                        every_ms: 1,
+                        ask: false,
+                    };
                     let r = peer
                         .submit_with_id(Job2, args, &reused, d)
                         .await
@@ -773,7 +802,11 @@ async fn client(
                 let args = JobArgs {
                     n: rng.random_range(3..12),
                     every_ms: rng.random_range(50..400),
+                    ask: rng.random_bool(0.4),
                 };
+                let cancel_after = rng
+                    .random_bool(0.2)
+                    .then(|| rng.random_range(0..args.n * args.every_ms));
                 let rec2 = record.clone();
                 let req2 = req.clone();
                 let tries = retried(
@@ -805,10 +838,21 @@ async fn client(
                     },
                 )
                 .await;
-                if let Ok(task) = tries.answer
-                    && !follow(&link, &task, &record).await
-                {
-                    return;
+                if let Ok(task) = tries.answer {
+                    let canceller = cancel_after.map(|ms| {
+                        let (link, record, task) = (link.clone(), record.clone(), task.clone());
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            cancel(&link, &task, &record).await;
+                        })
+                    });
+                    let seen_end = follow(&link, &task, &record).await;
+                    if let Some(c) = canceller {
+                        c.await.unwrap();
+                    }
+                    if !seen_end {
+                        return;
+                    }
                 }
             }
         }
@@ -846,6 +890,10 @@ async fn follow(link: &Link, task: &str, record: &Mutex<Record>) -> bool {
                     Ok(Some(Ok(e))) => {
                         next = e.seq + 1;
                         segment.received.push(kind_of(&e));
+                        if e.kind == TaskEventKind::Question && e.state == TaskState::InputRequired
+                        {
+                            respond(link, task, e.seq, record).await;
+                        }
                     }
                     Ok(None) => {
                         segment.end = SegmentEnd::Finished;
@@ -1109,6 +1157,115 @@ async fn binding_round(
     tokio::time::sleep(Duration::from_millis(rng.random_range(100..1000))).await;
     stop.store(true, Ordering::SeqCst);
     racer.await.unwrap();
+}
+
+/// Answers the question of event `seq` of `task` (with a value made from
+/// both), retried while its answer is lost; recorded.
+async fn respond(link: &Link, task: &str, seq: u64, record: &Mutex<Record>) {
+    let answer = 1_000_000 + seq;
+    let tries = retried(
+        link,
+        10,
+        || true,
+        |_, _, _| {},
+        |peer| {
+            let task = task.to_owned();
+            async move { peer.task::<u64>(task).respond_to(Some(seq), &answer).await }
+        },
+    )
+    .await;
+    lock(record)
+        .responds
+        .push((task.to_owned(), seq, answer, tries.answer.is_ok()));
+}
+
+/// Cancels `task`, retried while its answer is lost; recorded.
+async fn cancel(link: &Link, task: &str, record: &Mutex<Record>) {
+    let tries = retried(
+        link,
+        30,
+        || true,
+        |_, _, _| {},
+        |peer| {
+            let task = task.to_owned();
+            async move { peer.task::<u64>(task).cancel().await }
+        },
+    )
+    .await;
+    let state = tries.answer.ok().map(|info| info.state);
+    lock(record).cancels.push((task.to_owned(), state));
+}
+
+/// Each question is answered at most once in a task's log, and an answer
+/// acknowledged is the one written; a cancel that answered a final state
+/// is the state the log ends in.
+fn answers_and_cancels(
+    logs: &BTreeMap<String, (u64, Vec<Event<EventKind>>)>,
+    responds: &[(String, u64, u64, bool)],
+    cancels: &[(String, Option<TaskState>)],
+) -> Result<(), Violation> {
+    for (task, (_, log)) in logs {
+        let mut open: Option<u64> = None;
+        for e in log {
+            match e.kind.0 {
+                TaskEventKind::Question => open = Some(e.seq),
+                TaskEventKind::Answer => match open.take() {
+                    Some(_) => {}
+                    None => {
+                        return Err(Violation::new(
+                            checker::Property::ExactlyOnceRequests,
+                            format!("task {task}: an answer with no question waiting"),
+                            vec![format!("seq {} {:?}", e.seq, e.kind)],
+                        ));
+                    }
+                },
+                _ => {}
+            }
+        }
+    }
+    for (task, seq, answer, acknowledged) in responds {
+        let Some((_, log)) = logs.get(task) else {
+            continue;
+        };
+        let body = format!("{:?}", RawValue::encode(answer).unwrap());
+        let written = log
+            .iter()
+            .filter(|e| {
+                e.seq > *seq && e.kind.0 == TaskEventKind::Answer && e.kind.1.contains(&body)
+            })
+            .count();
+        if written > 1 || (*acknowledged && written == 0) {
+            return Err(Violation::new(
+                checker::Property::ExactlyOnceRequests,
+                format!(
+                    "task {task}: the answer {answer} to the question at seq {seq} \
+                     (acknowledged: {acknowledged}) is in the log {written} times"
+                ),
+                log.iter()
+                    .filter(|e| e.seq >= *seq)
+                    .take(4)
+                    .map(|e| format!("seq {} {:?}", e.seq, e.kind))
+                    .collect(),
+            ));
+        }
+    }
+    for (task, state) in cancels {
+        let (Some((_, log)), Some(state)) = (logs.get(task), state) else {
+            continue;
+        };
+        if !state.is_final() {
+            continue;
+        }
+        let last = log.last().map(|e| e.kind.1.clone()).unwrap_or_default();
+        if !last.starts_with(&format!("{state:?} ")) {
+            return Err(Violation::new(
+                checker::Property::SubscriberStream,
+                format!("task {task}: cancelled with the answer {state:?}, its log ends otherwise"),
+                vec![last],
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Subscriptions one subscriber opens to one task at most.
@@ -1410,6 +1567,7 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                 checker::answers_backed_by_executions(&rec.requests, &executions)?;
                 checker::exactly_once_submits(&rec.submits)?;
                 checker::no_effect_after_revocation(&rec.authority, &rec.controller_calls)?;
+                answers_and_cancels(&logs, &rec.responds, &rec.cancels)?;
                 for (task, segments) in &rec.subscriptions {
                     events_seen.fetch_add(
                         segments.iter().map(|s| s.received.len() as u64).sum(),
@@ -1495,5 +1653,11 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
         duplicates,
         duplicates_refused,
         authority: rec.authority.len() as u64,
+        answered: rec.responds.iter().filter(|r| r.3).count() as u64,
+        cancelled: rec
+            .cancels
+            .iter()
+            .filter(|c| c.1 == Some(TaskState::Canceled))
+            .count() as u64,
     })
 }
