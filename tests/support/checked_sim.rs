@@ -600,6 +600,31 @@ where
     last
 }
 
+/// One attempt of a request or a submit as its sender saw it, counted
+/// among the unknown outcomes when no answer came.
+fn attempt<T: Clone>(
+    unknown: &mut u64,
+    sender: u64,
+    req_id: &ReqId,
+    verb: &str,
+    invoke: Tick,
+    complete: Option<Tick>,
+    r: &Result<T, CallError>,
+) -> Request<T> {
+    let answer = answer_of(r);
+    if matches!(answer, Answer::Unknown) {
+        *unknown += 1;
+    }
+    Request {
+        sender,
+        req_id: req_id.to_string(),
+        verb: verb.into(),
+        invoke,
+        complete,
+        answer,
+    }
+}
+
 fn answer_of<T: Clone>(r: &Result<T, CallError>) -> Answer<T> {
     match r {
         Ok(v) => Answer::Ok(v.clone()),
@@ -734,24 +759,22 @@ async fn client(
                     30,
                     || shared2.runs.starts.load(Ordering::SeqCst) == starts,
                     |invoke, complete, r: &Result<(u64, u64), CallError>| {
-                        let mut rec = lock(&rec2);
-                        let answer = answer_of(r);
-                        if answer == Answer::Unknown {
-                            rec.unknown += 1;
-                        }
                         // The start that answered, or the one asked.
                         let sender = match r {
                             Ok((start, _)) => *start,
                             Err(_) => u64::from(starts),
                         };
-                        rec.requests.push(Request {
+                        let rec = &mut *lock(&rec2);
+                        let a = attempt(
+                            &mut rec.unknown,
                             sender,
-                            req_id: req2.to_string(),
-                            verb: "app.chk/apply".into(),
+                            &req2,
+                            "app.chk/apply",
                             invoke,
                             complete,
-                            answer,
-                        });
+                            r,
+                        );
+                        rec.requests.push(a);
                     },
                     |peer| {
                         let (args, req) = (args.clone(), req.clone());
@@ -777,21 +800,19 @@ async fn client(
                         .submit_with_id(Job2, args, &reused, d)
                         .await
                         .map(|t| t.id().to_owned());
-                    let done = now_ms();
-                    let answer = answer_of(&r);
+                    let complete = (!matches!(&r, Err(e) if lost(e))).then(now_ms);
                     {
-                        let mut rec = lock(&record);
-                        if answer == Answer::Unknown {
-                            rec.unknown += 1;
-                        }
-                        rec.submits.push(Request {
-                            sender: SENDER,
-                            req_id: reused.to_string(),
-                            verb: "app.chk/job2".into(),
+                        let rec = &mut *lock(&record);
+                        let a = attempt(
+                            &mut rec.unknown,
+                            SENDER,
+                            &reused,
+                            "app.chk/job2",
                             invoke,
-                            complete: (answer != Answer::Unknown).then_some(done),
-                            answer,
-                        });
+                            complete,
+                            &r,
+                        );
+                        rec.submits.push(a);
                     }
                     if matches!(&r, Err(e) if lost(e)) {
                         link.redial(generation).await;
@@ -814,19 +835,17 @@ async fn client(
                     40,
                     || true,
                     |invoke, complete, r: &Result<String, CallError>| {
-                        let mut rec = lock(&rec2);
-                        let answer = answer_of(r);
-                        if answer == Answer::Unknown {
-                            rec.unknown += 1;
-                        }
-                        rec.submits.push(Request {
-                            sender: SENDER,
-                            req_id: req2.to_string(),
-                            verb: "app.chk/job".into(),
+                        let rec = &mut *lock(&rec2);
+                        let a = attempt(
+                            &mut rec.unknown,
+                            SENDER,
+                            &req2,
+                            "app.chk/job",
                             invoke,
                             complete,
-                            answer,
-                        });
+                            r,
+                        );
+                        rec.submits.push(a);
                     },
                     |peer| {
                         let (args, req) = (args.clone(), req.clone());
