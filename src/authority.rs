@@ -29,6 +29,8 @@ use capwire_envelope::NodeId;
 use capwire_manifest::DeclaredClass;
 use tokio::sync::Notify;
 
+use crate::clock::Clock;
+
 /// Where running work learns that authority may have ended: a counter
 /// bumped by every binding change and every revocation, and a wake-up.
 pub(crate) struct Authorities {
@@ -36,6 +38,7 @@ pub(crate) struct Authorities {
     changed: Notify,
     binding: Arc<SharedBinding>,
     delegations: Arc<Delegations>,
+    clock: Arc<Clock>,
 }
 
 impl std::fmt::Debug for Authorities {
@@ -61,13 +64,23 @@ pub(crate) enum Basis {
 }
 
 impl Authorities {
-    pub(crate) fn new(binding: Arc<SharedBinding>, delegations: Arc<Delegations>) -> Self {
+    pub(crate) fn new(
+        binding: Arc<SharedBinding>,
+        delegations: Arc<Delegations>,
+        clock: Arc<Clock>,
+    ) -> Self {
         Self {
             generation: AtomicU64::new(0),
             changed: Notify::new(),
             binding,
             delegations,
+            clock,
         }
+    }
+
+    /// The date tokens expire by.
+    pub(crate) fn now(&self) -> SystemTime {
+        self.clock.now()
     }
 
     /// Authority may have ended (a bind, an unbind, a revocation): every
@@ -168,7 +181,7 @@ impl Authority {
         }
         // Read before the binding is: a change after this is seen next time.
         let generation = self.authorities.generation();
-        let now = SystemTime::now();
+        let now = self.authorities.now();
         if held.seen == Some(generation) && held.until.is_none_or(|u| now < u) {
             return Ok(());
         }
@@ -192,7 +205,7 @@ impl Authority {
         let held = lock(&self.state);
         held.lost.is_none()
             && held.seen == Some(self.authorities.generation())
-            && held.until.is_none_or(|u| SystemTime::now() < u)
+            && held.until.is_none_or(|u| self.authorities.now() < u)
     }
 
     /// Asks the binding (and the tokens) now; for a grant, until when the
@@ -249,7 +262,12 @@ impl Authority {
             let until = lock(&self.state).until;
             match until {
                 Some(at) => {
-                    let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+                    // Asked again at least every second: a clock moved
+                    // forward ends it without waiting out the old date.
+                    let left = at
+                        .duration_since(self.authorities.now())
+                        .unwrap_or_default()
+                        .min(std::time::Duration::from_secs(1));
                     tokio::select! {
                         () = changed => {}
                         () = tokio::time::sleep(left) => {}
@@ -279,6 +297,7 @@ mod tests {
         let all = Arc::new(Authorities::new(
             binding.clone(),
             Arc::new(Delegations::default()),
+            Arc::default(),
         ));
         let held = all.hold(cp, Basis::Binding { epoch: 4 });
         assert!(held.check().is_ok());
@@ -306,6 +325,7 @@ mod tests {
         let all = Arc::new(Authorities::new(
             binding.clone(),
             Arc::new(Delegations::default()),
+            Arc::default(),
         ));
         let held = all.hold(cp, Basis::Binding { epoch: 1 });
         let waiting = tokio::spawn({

@@ -133,6 +133,7 @@ fn dispatcher_bound(controller: Option<NodeId>) -> Dispatcher {
     let authorities = Arc::new(crate::authority::Authorities::new(
         binding.clone(),
         delegations.clone(),
+        Arc::default(),
     ));
     let made = Dispatcher::new(
         registry(),

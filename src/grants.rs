@@ -57,7 +57,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 pub use capwire_authz::{
     GRANT_MAX_BLOCKS, GRANT_MAX_LIFETIME, GRANT_MAX_TOKEN, GrantDenied, GrantError, GrantKey,
@@ -126,7 +126,7 @@ impl Node {
             holder,
             holder_key,
             rights,
-            expires: SystemTime::now() + valid_for,
+            expires: self.rt.core.grants.clock.now() + valid_for,
         };
         Ok(capwire_authz::mint(self.rt.core.grants.key(), &spec)?)
     }

@@ -166,6 +166,7 @@ mod addr;
 mod audit;
 mod authority;
 mod client;
+pub mod clock;
 mod config;
 mod contact;
 mod control;

@@ -25,6 +25,9 @@ pub enum Bug {
     /// from them in place: the revoked grant goes on letting calls
     /// through.
     CacheOutlivesRevocation = 4,
+    /// The node reads the wall clock without its floor: a clock set back
+    /// makes an expired grant valid again.
+    ClockRunsBack = 5,
 }
 
 #[cfg(feature = "seeded-bugs")]

@@ -52,6 +52,11 @@ fn every_seeded_defect_is_caught_with_the_property_it_breaks() {
             "no effect after revocation",
             "delegate",
         ),
+        (
+            Bug::ClockRunsBack,
+            "no effect after expiry",
+            "the node had read date",
+        ),
     ];
     for (bug, property, says) in cases {
         let Some((seed, report)) = first_failure(bug) else {

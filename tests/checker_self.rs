@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use checker::{
     Answer, AuthorityChange, AuthorityKind, ControllerCall, Event, Execution, History, LinOptions,
-    Model, Op, Outcome, Property, RegInput, RegOutput, Register, Request, SearchResult, Segment,
-    SegmentEnd, Verdict, Violation,
+    Model, NodeClock, Op, Outcome, Presented, Property, RegInput, RegOutput, Register, Request,
+    SearchResult, Segment, SegmentEnd, TaskRead, Verdict, Violation,
 };
 
 // ---------------------------------------------------------------------------
@@ -1270,6 +1270,165 @@ fn an_acknowledged_call_after_a_revoke_is_caught() {
     let v =
         checker::no_effect_after_revocation(&changes, &[call(200, Some(201), true)]).unwrap_err();
     assert!(v.reason.contains("unbound"), "{v}");
+}
+
+// ---------------------------------------------------------------------------
+// No effect after expiry
+// ---------------------------------------------------------------------------
+
+/// A clock at date 1000 at tick 0, stepped by `steps`, with `reads`.
+fn clock(steps: &[(u64, i64)], starts: &[u64], reads: &[(u64, u64)]) -> NodeClock {
+    NodeClock {
+        base: 1000,
+        steps: steps.to_vec(),
+        starts: starts.to_vec(),
+        reads: reads.to_vec(),
+    }
+}
+
+fn token(invoke: u64, expires: u64) -> Presented<&'static str> {
+    Presented {
+        key: "cp->node",
+        invoke,
+        expires,
+    }
+}
+
+#[test]
+fn calls_before_expiry_pass() {
+    // Valid until date 1500: calls up to tick 499 are in time.
+    let tokens = [token(0, 1500)];
+    let calls = [call(10, Some(20), true), call(480, Some(600), true)];
+    checker::no_effect_after_expiry(&clock(&[], &[], &[]), &tokens, &calls).unwrap();
+    // Past the expiry, refused or unanswered: nothing to say.
+    let late = [call(600, Some(610), false), call(620, None, true)];
+    checker::no_effect_after_expiry(&clock(&[], &[], &[]), &tokens, &late).unwrap();
+    // A later token gives it back.
+    let tokens = [token(0, 1500), token(700, 2500)];
+    checker::no_effect_after_expiry(
+        &clock(&[], &[], &[]),
+        &tokens,
+        &[call(800, Some(810), true)],
+    )
+    .unwrap();
+    // A clock set back in the call's window: it may have run then.
+    let c = clock(&[(100, 1000), (300, 0)], &[], &[]);
+    checker::no_effect_after_expiry(&c, &tokens[..1], &[call(250, Some(320), true)]).unwrap();
+    // What the node read before its last start does not hold it.
+    let c = clock(&[(100, 1000), (300, 0)], &[350], &[(200, 2200)]);
+    checker::no_effect_after_expiry(&c, &tokens[..1], &[call(400, Some(410), true)]).unwrap();
+    // Keys with no token are not this property's.
+    let other = ControllerCall {
+        key: "other",
+        ..call(5000, Some(5001), true)
+    };
+    checker::no_effect_after_expiry(&clock(&[], &[], &[]), &tokens, &[other]).unwrap();
+}
+
+#[test]
+fn a_call_past_expiry_is_caught() {
+    let tokens = [token(0, 1500)];
+    let v = checker::no_effect_after_expiry(
+        &clock(&[], &[], &[]),
+        &tokens,
+        &[call(10, Some(20), true), call(600, Some(610), true)],
+    )
+    .unwrap_err();
+    assert_eq!(v.property, Property::NoEffectAfterExpiry);
+    assert!(v.ops.last().unwrap().starts_with("call #1"), "{v}");
+
+    // Stepped past it for the whole window.
+    let c = clock(&[(100, 1000)], &[], &[]);
+    let v = checker::no_effect_after_expiry(&c, &tokens, &[call(150, Some(160), true)]);
+    assert!(v.is_err());
+
+    // Set back again, but the node had read a later date in this start:
+    // its date does not go back.
+    let c = clock(&[(100, 1000), (300, 0)], &[], &[(200, 2200)]);
+    let v =
+        checker::no_effect_after_expiry(&c, &tokens, &[call(400, Some(410), true)]).unwrap_err();
+    assert!(v.reason.contains("2200"), "{v}");
+    assert!(
+        v.ops
+            .iter()
+            .any(|o| o.contains("the node had read date 2200")),
+        "{v}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Task reads
+// ---------------------------------------------------------------------------
+
+fn read(
+    invoke: u64,
+    complete: Option<u64>,
+    saw: Option<(u64, &'static str)>,
+) -> TaskRead<&'static str> {
+    TaskRead {
+        invoke,
+        complete,
+        saw,
+    }
+}
+
+fn state_log() -> Vec<Event<&'static str>> {
+    vec![
+        Event::new(1, "working"),
+        Event::new(2, "working"),
+        Event::new(3, "input_required"),
+        Event::new(4, "working"),
+        Event::new(5, "completed"),
+    ]
+}
+
+fn reads_of(reads: &[TaskRead<&'static str>]) -> Result<(), Violation> {
+    checker::task_reads("t", &state_log(), reads, |e, s| e == s)
+}
+
+#[test]
+fn reads_that_follow_the_log_pass() {
+    reads_of(&[
+        read(0, Some(5), Some((1, "working"))),
+        read(10, Some(15), Some((3, "input_required"))),
+        // Overlapping reads may see either order.
+        read(20, Some(40), Some((5, "completed"))),
+        read(21, Some(30), Some((4, "working"))),
+        read(50, None, None),
+        read(60, Some(61), Some((5, "completed"))),
+    ])
+    .unwrap();
+    // A read of an event folded out of the log is not compared.
+    checker::task_reads(
+        "t",
+        &state_log()[2..],
+        &[read(0, Some(1), Some((1, "anything")))],
+        |e, s| e == s,
+    )
+    .unwrap();
+}
+
+#[test]
+fn reads_that_contradict_the_log_are_caught() {
+    let v = reads_of(&[read(0, Some(5), Some((6, "completed")))]).unwrap_err();
+    assert_eq!(v.property, Property::TaskReads);
+    assert!(v.reason.contains("past the log's last"), "{v}");
+
+    let v = reads_of(&[read(0, Some(5), Some((3, "working")))]).unwrap_err();
+    assert!(v.reason.contains("does not give"), "{v}");
+    assert_eq!(v.ops.len(), 2, "{v}");
+
+    // Seen, then unseen: a later read went back.
+    let v = reads_of(&[
+        read(0, Some(5), Some((4, "working"))),
+        read(6, Some(8), Some((2, "working"))),
+    ])
+    .unwrap_err();
+    assert!(v.reason.contains("earlier seq"), "{v}");
+    assert!(
+        v.ops[0].starts_with("read #0") && v.ops[1].starts_with("read #1"),
+        "{v}"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -591,3 +591,66 @@ async fn no_call_goes_through_after_the_second_a_token_expires() {
             .await;
     assert!(matches!(long, Err(GrantCallError::TooLong)), "{long:?}");
 }
+
+/// A wall clock a test moves: the system's, plus an offset.
+#[derive(Debug, Default)]
+struct Moved(std::sync::atomic::AtomicI64);
+
+impl capwire::clock::WallClock for Moved {
+    fn now(&self) -> SystemTime {
+        let by = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        let now = SystemTime::now();
+        if by >= 0 {
+            now + Duration::from_secs(by.unsigned_abs())
+        } else {
+            now - Duration::from_secs(by.unsigned_abs())
+        }
+    }
+}
+
+/// Expiry is judged by the node's clock, read through a floor: stepped
+/// past a token's expiry, the node refuses it; set back again, it still
+/// does (its date never goes back to before one it read), for calls and
+/// for a new presentation alike.
+#[tokio::test]
+async fn a_clock_set_back_does_not_bring_an_expired_token_back() {
+    let clock = Arc::new(Moved::default());
+    let t = three(listening("agent-1").wall_clock(clock.clone())).await;
+    let token = grant(
+        &t,
+        vec![Right::verb("core.configuration", "get_config")],
+        Duration::from_secs(60),
+    )
+    .await;
+    t.from_worker.present(&token).await.unwrap();
+    t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
+
+    clock.0.store(120, std::sync::atomic::Ordering::SeqCst);
+    let body = denied(t.from_worker.request(GetConfig, NoArgs {}).await);
+    assert!(body.message.contains("expired"), "{}", body.message);
+
+    clock.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    let body = denied(t.from_worker.request(GetConfig, NoArgs {}).await);
+    assert!(body.message.contains("expired"), "{}", body.message);
+    let body = remote(t.from_worker.present(&token).await);
+    assert_eq!(reason(&body), "expired");
+
+    // A token minted now is judged by the node's date, which is still
+    // ahead: one that ends before it is refused at once.
+    let short = grant(
+        &t,
+        vec![Right::verb("core.configuration", "get_config")],
+        Duration::from_secs(30),
+    )
+    .await;
+    let body = remote(t.from_worker.present(&short).await);
+    assert_eq!(reason(&body), "expired");
+    let long = grant(
+        &t,
+        vec![Right::verb("core.configuration", "get_config")],
+        Duration::from_secs(600),
+    )
+    .await;
+    t.from_worker.present(&long).await.unwrap();
+    t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
+}

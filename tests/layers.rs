@@ -31,6 +31,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "invite.rs",
             "json.rs",
             "time.rs",
+            "clock.rs",
             "seeded_bugs.rs",
             "contact.rs",
             "store/",

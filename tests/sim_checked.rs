@@ -63,9 +63,11 @@ fn sweep(part: u64, parts: u64) {
     }
     println!(
         "{} seeds in {:?}: {} operations checked ({} with unknown outcomes, {} changes of \
-         authority, {} questions answered, {} tasks cancelled), {} handler runs, {} task events \
-         delivered; faults: {} cuts, {} crashes, {} records written twice ({} refused: nothing \
-         more answered on their session)",
+         authority, {} questions answered, {} tasks cancelled, {} reads of a task's state), {} \
+         handler runs, {} task events \
+         delivered; faults: {} cuts, {} crashes, {} steps of the node's clock, {} records written \
+         twice ({} read by the node, which then ended their session; the rest were cut off \
+         before they came)",
         seeds.len(),
         started.elapsed(),
         total.ops,
@@ -73,10 +75,12 @@ fn sweep(part: u64, parts: u64) {
         total.authority,
         total.answered,
         total.cancelled,
+        total.task_reads,
         total.runs,
         total.events,
         total.cuts,
         total.crashes,
+        total.clock_steps,
         total.duplicates,
         total.duplicates_refused
     );
@@ -88,18 +92,18 @@ fn sweep(part: u64, parts: u64) {
         );
         assert!(total.unknown > 0, "no operation had an unknown outcome");
         assert!(total.duplicates > 0, "no record was written twice");
+        assert!(total.clock_steps > 0, "the node's clock was never stepped");
     }
-    // A replayed record ends its session (WIRE.md 1.4): nothing more comes
-    // from the node once what was on its way has come. Not always within
-    // the window: a node that reads a busy session late sends on until it
-    // reads the copy (the seeds are printed above), so the bound is on the
-    // share, over a sweep with enough copies to judge it.
-    assert!(
-        total.duplicates < 20 || total.duplicates_refused * 100 >= total.duplicates * 90,
-        "{} of {} sessions went on after a record was written twice",
-        total.duplicates - total.duplicates_refused,
-        total.duplicates
-    );
+    // A replayed record ends its session (WIRE.md 1.4): each run fails
+    // when the node writes on after reading one; here, that copies did
+    // reach the node at all.
+    if total.duplicates >= 10 {
+        assert!(
+            total.duplicates_refused > 0,
+            "none of {} records written twice reached the node",
+            total.duplicates
+        );
+    }
 }
 
 // Two halves, run side by side by the test harness.

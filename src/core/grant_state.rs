@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use capwire_authz::{Delegations, GrantKey, GrantPublicKey};
 use capwire_manifest::{CORE_GRANTS, GrantsInfo, Manifest};
 
+use crate::clock::Clock;
 use crate::store::{RevocationEntry, RevocationsRecord};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -42,6 +43,8 @@ pub(crate) struct GrantState {
     controller_key: Mutex<Vec<(u64, GrantPublicKey)>>,
     pub(crate) delegations: Arc<Delegations>,
     pub(crate) revocations: Mutex<Vec<RevocationEntry>>,
+    /// The dates tokens expire by.
+    pub(crate) clock: Arc<Clock>,
 }
 
 impl std::fmt::Debug for GrantState {
@@ -61,9 +64,12 @@ impl GrantState {
         secret: &[u8; 32],
         binding: Option<(u64, Option<&str>)>,
         revocations: Option<RevocationsRecord>,
-        now: SystemTime,
+        clock: Arc<Clock>,
     ) -> Self {
-        let now_ms = unix_ms(now);
+        if let Some(floor) = revocations.as_ref().and_then(|r| r.clock_floor_ms) {
+            clock.raise_floor_ms(floor);
+        }
+        let now_ms = clock.now_ms();
         let epoch = binding.map_or(0, |(e, _)| e);
         let kept: Vec<RevocationEntry> = revocations
             .map(|r| r.ids)
@@ -86,6 +92,7 @@ impl GrantState {
             controller_key: Mutex::new(controller_key),
             delegations: Arc::new(Delegations::with_revoked(kept.iter().map(|e| e.id.clone()))),
             revocations: Mutex::new(kept),
+            clock,
         }
     }
 

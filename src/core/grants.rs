@@ -11,7 +11,6 @@
 //! the node's own store.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use capwire_authz::{GrantDenied, GrantPublicKey, MAX_REVOCATIONS, verify};
 use capwire_envelope::{ErrorBody, ErrorCode, NodeId};
@@ -55,7 +54,7 @@ async fn present(
             .count_present(Err(&GrantDenied::NoGrantKey));
         return Err(refused(&GrantDenied::NoGrantKey));
     };
-    let now = SystemTime::now();
+    let now = grants.clock.now();
     let delegations = &grants.delegations;
     let verified = verify(
         &args.token,
@@ -114,8 +113,7 @@ async fn revoke(args: RevokeArgs, Core(core): Core) -> Result<GrantsInfo, Handle
     let grants = &core.grants;
     // One revocation written at a time.
     let _durable = core.durable.lock().await;
-    let now = SystemTime::now();
-    let now_ms = unix_ms(now);
+    let now_ms = grants.clock.now_ms();
     let epoch = core.control.binding().epoch();
     // Kept while the binding lasts: every token it could refuse names
     // this binding. When the node holds a token it refuses, no copy of
@@ -149,7 +147,10 @@ async fn revoke(args: RevokeArgs, Core(core): Core) -> Result<GrantsInfo, Handle
     }
     // Written before it is answered; in effect at once after.
     core.commit(Batch {
-        revocations: Some(RevocationsRecord { ids: kept.clone() }),
+        revocations: Some(RevocationsRecord {
+            ids: kept.clone(),
+            clock_floor_ms: Some(now_ms),
+        }),
         ..Batch::default()
     })
     .await?;
@@ -196,11 +197,12 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
 
     use capwire_manifest::{GetConfig, GrantsInfoRead, MonitoringDisable, NoArgs};
 
     use super::*;
+    use crate::clock::{Clock, Stopped};
     use crate::core::grant_state::GrantState;
     use crate::grants::Right;
     use crate::store::memory::MemoryStore;
@@ -328,9 +330,11 @@ mod tests {
                 // Its token's expiry passed.
                 entry(4, Some(4), unix_ms(made + Duration::from_secs(60))),
             ],
+            clock_floor_ms: None,
         };
         let sixty_days_later = made + Duration::from_secs(60 * 86_400);
-        let g = GrantState::new(&[7; 32], Some((4, None)), Some(record), sixty_days_later);
+        let clock = Arc::new(Clock::new(Arc::new(Stopped(sixty_days_later))));
+        let g = GrantState::new(&[7; 32], Some((4, None)), Some(record), clock);
         assert!(g.delegations.is_revoked(&[1; 64]), "kept past 30 days");
         assert!(!g.delegations.is_revoked(&[2; 64]), "as it was written");
         assert!(!g.delegations.is_revoked(&[3; 64]));
@@ -340,5 +344,32 @@ mod tests {
         g.moved(5, None);
         assert!(!g.delegations.is_revoked(&[1; 64]));
         assert_eq!(g.info(5).revocations, 0);
+    }
+
+    /// A clock set back past the date a revocation was forgotten at (its
+    /// token had expired) does not bring the token back after a restart:
+    /// the stored floor holds the clock.
+    #[test]
+    fn a_clock_set_back_keeps_to_the_stored_floor() {
+        let made = SystemTime::UNIX_EPOCH + Duration::from_secs(1_900_000_000);
+        let expired = unix_ms(made + Duration::from_secs(60));
+        let record = |floor| RevocationsRecord {
+            ids: vec![entry(4, Some(4), expired)],
+            clock_floor_ms: floor,
+        };
+        let set_back = || Arc::new(Clock::new(Arc::new(Stopped(made))));
+        let g = GrantState::new(&[7; 32], Some((4, None)), Some(record(None)), set_back());
+        assert!(
+            g.delegations.is_revoked(&[4; 64]),
+            "no floor: as the clock says"
+        );
+        let g = GrantState::new(
+            &[7; 32],
+            Some((4, None)),
+            Some(record(Some(expired + 1))),
+            set_back(),
+        );
+        assert!(!g.delegations.is_revoked(&[4; 64]), "forgotten: expired");
+        assert_eq!(unix_ms(g.clock.now()), expired + 1);
     }
 }

@@ -392,7 +392,7 @@ impl Admission for Dispatcher {
                 sender,
                 c.cap,
                 c.verb,
-                Some((&self.delegations, std::time::SystemTime::now())),
+                Some((&self.delegations, self.authorities.now())),
             );
         }
         let grant = match &decision {

@@ -11,6 +11,7 @@ use capwire_manifest::{VerbKind, VerbSpec, Version};
 use capwire_transport::{ContactPolicy, Keypair, TransportConfig};
 
 use crate::addr::Addr;
+use crate::clock::WallClock;
 use crate::config::Limits;
 use crate::contact::Contact;
 use crate::dispatch::extract::Extensions;
@@ -523,6 +524,7 @@ pub struct NodeBuilder {
     pub(crate) controller: Option<NodeId>,
     pub(crate) state_dir: Option<PathBuf>,
     pub(crate) host: Option<Arc<dyn Host>>,
+    pub(crate) wall_clock: Option<Arc<dyn WallClock>>,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -553,6 +555,7 @@ impl NodeBuilder {
             controller: None,
             state_dir: None,
             host: None,
+            wall_clock: None,
         }
     }
 
@@ -657,6 +660,16 @@ impl NodeBuilder {
         self
     }
 
+    /// Reads dates (for grant tokens' expiry) from `clock` instead of the
+    /// system's clock, through a floor: the node never takes a date
+    /// earlier than one it already read ([`crate::clock`]). The node's
+    /// own tokens ([`Node::grant`](crate::Node::grant)) are dated by it
+    /// too.
+    pub fn wall_clock(mut self, clock: Arc<dyn WallClock>) -> Self {
+        self.wall_clock = Some(clock);
+        self
+    }
+
     /// What the node is built from, and where it listens and whom it dials.
     pub(crate) fn into_parts(self) -> (Parts, Vec<Addr>, Vec<Contact>) {
         let parts = Parts {
@@ -679,6 +692,7 @@ impl NodeBuilder {
             controller: self.controller,
             state_dir: self.state_dir,
             host: self.host,
+            wall_clock: self.wall_clock,
         };
         (parts, self.listen, self.contacts)
     }

@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use crate::addr::Addr;
 use crate::audit::AuditLog;
 use crate::authority::Authorities;
+use crate::clock::{Clock, WallClock};
 use crate::config::Limits;
 use crate::control::{Control, hello_for};
 use crate::core::answers::AnswerLimits;
@@ -76,6 +77,7 @@ pub(crate) struct Parts {
     pub(crate) controller: Option<NodeId>,
     pub(crate) state_dir: Option<std::path::PathBuf>,
     pub(crate) host: Option<Arc<dyn Host>>,
+    pub(crate) wall_clock: Option<Arc<dyn WallClock>>,
 }
 
 /// The node's state, opened (off the executor) before the node is built.
@@ -203,7 +205,10 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             .as_ref()
             .map(|b| (b.epoch, b.grant_key.as_deref())),
         loaded.revocations.take(),
-        std::time::SystemTime::now(),
+        Arc::new(match p.wall_clock {
+            Some(c) => Clock::new(c),
+            None => Clock::default(),
+        }),
     ));
     let limits = p.limits;
     let audit = Arc::new(open_audit(dir.as_deref(), &keypair, &limits)?);
@@ -302,6 +307,7 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
     let authorities = Arc::new(Authorities::new(
         binding.clone(),
         grants.delegations.clone(),
+        grants.clock.clone(),
     ));
     let control = Arc::new(Control::new(
         binding.clone(),

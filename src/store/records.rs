@@ -33,6 +33,12 @@ pub(crate) struct BindingRecord {
 pub(crate) struct RevocationsRecord {
     /// (revocation id, kept until, in milliseconds since the Unix epoch).
     pub(crate) ids: Vec<RevocationEntry>,
+    /// The latest date the node had read when it was written, in
+    /// milliseconds since the Unix epoch: the node's clock does not go
+    /// back past it after a restart (absent in records written before
+    /// it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) clock_floor_ms: Option<u64>,
 }
 
 /// One revocation.

@@ -79,6 +79,7 @@ fn full_batch() -> Batch {
                 until_ms: 1_900_000_000_000,
                 epoch: Some(3),
             }],
+            clock_floor_ms: Some(1_800_000_000_000),
         }),
         config: Some(ConfigRecord {
             version: 2,

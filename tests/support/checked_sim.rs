@@ -52,8 +52,8 @@ use std::time::Duration;
 
 use capwire::envelope::{ErrorCode, RawValue, ReqId};
 use capwire::manifest::{
-    ConfigValue, GetConfig, NoArgs, SetConfig, SetConfigArgs, TaskEvent, TaskEventKind, TaskState,
-    verb,
+    ConfigValue, GetConfig, NoArgs, SetConfig, SetConfigArgs, TaskEvent, TaskEventKind, TaskInfo,
+    TaskState, verb,
 };
 use capwire::{
     CallError, Capability, HandlerError, Keypair, Limits, Node, NodeId, Peer, State, Task,
@@ -66,7 +66,8 @@ use capwire::manifest::MonitoringDisable;
 
 use crate::checker::{
     self, Answer, AuthorityChange, AuthorityKind, ControllerCall, Event, Execution, History,
-    LinOptions, RegInput, RegOutput, Register, Request, Segment, SegmentEnd, Tick, Violation,
+    LinOptions, NodeClock, Presented, RegInput, RegOutput, Register, Request, Segment, SegmentEnd,
+    TaskRead, Tick, Violation,
 };
 
 const NODE: &str = "node";
@@ -74,6 +75,60 @@ const CP: &str = "cp";
 const PORT: u16 = 7000;
 /// The one sender every request comes from (the control plane).
 const SENDER: u64 = 0;
+
+/// Every host's date at simulated time 0, in ms (2030-03-17).
+const DATE_AT_START: u64 = 1_900_000_000_000;
+
+/// A host's wall clock in the simulation: the date at start plus the
+/// simulated time, plus an offset the harness moves (the node's only).
+/// The node's records its reads.
+#[derive(Debug, Default)]
+struct SimClock {
+    offset_ms: std::sync::atomic::AtomicI64,
+    /// The harness's view: steps, node starts and reads.
+    seen: Option<Mutex<NodeClock>>,
+}
+
+impl SimClock {
+    fn watched() -> Self {
+        SimClock {
+            offset_ms: Default::default(),
+            seen: Some(Mutex::new(NodeClock {
+                base: DATE_AT_START,
+                ..NodeClock::default()
+            })),
+        }
+    }
+
+    /// Moves the clock by `by` ms from now on.
+    fn step(&self, by: i64) {
+        let offset = self.offset_ms.fetch_add(by, Ordering::SeqCst) + by;
+        if let Some(seen) = &self.seen {
+            lock(seen).steps.push((now_ms(), offset));
+        }
+    }
+
+    fn started(&self) {
+        if let Some(seen) = &self.seen {
+            lock(seen).starts.push(now_ms());
+        }
+    }
+
+    fn date_ms(&self) -> u64 {
+        let at = DATE_AT_START as i64 + now_ms() as i64 + self.offset_ms.load(Ordering::SeqCst);
+        at.max(0) as u64
+    }
+}
+
+impl capwire::clock::WallClock for SimClock {
+    fn now(&self) -> std::time::SystemTime {
+        let date = self.date_ms();
+        if let Some(seen) = &self.seen {
+            lock(seen).reads.push((now_ms(), date));
+        }
+        std::time::UNIX_EPOCH + Duration::from_millis(date)
+    }
+}
 
 /// Args of `apply`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, capwire::JsonSchema)]
@@ -180,9 +235,10 @@ pub(crate) struct Counts {
     pub(crate) events: u64,
     /// Faults injected: records written twice.
     pub(crate) duplicates: u64,
-    /// Of those, refused: the node answered nothing more on that
-    /// session once what was on its way had come
-    /// ([`QUIET_AFTER_DUPLICATE`]).
+    /// Of those, read by the node, which then wrote nothing more on that
+    /// session once what it had queued was out ([`QUIET_AFTER_DUPLICATE`];
+    /// writing more fails the run). The rest never reached the node: their
+    /// connection was cut first.
     pub(crate) duplicates_refused: u64,
     /// Changes of authority (binds, unbinds, grants presented, revocations).
     pub(crate) authority: u64,
@@ -190,6 +246,10 @@ pub(crate) struct Counts {
     pub(crate) answered: u64,
     /// Tasks cancelled (the cancel answered `cancelled`).
     pub(crate) cancelled: u64,
+    /// Faults injected: steps of the node's clock.
+    pub(crate) clock_steps: u64,
+    /// Reads of tasks' states (gets, cancels' answers), in `ops`.
+    pub(crate) task_reads: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -205,6 +265,8 @@ impl std::ops::AddAssign for Counts {
         self.authority += o.authority;
         self.answered += o.answered;
         self.cancelled += o.cancelled;
+        self.clock_steps += o.clock_steps;
+        self.task_reads += o.task_reads;
     }
 }
 
@@ -233,6 +295,12 @@ struct Shared {
     runs: Runs,
     /// Between the control plane and the delegate.
     board: Mutex<Board>,
+    /// The records the control plane wrote twice.
+    dups: Arc<Dups>,
+    /// The node's wall clock, which the grant rounds move.
+    node_clock: Arc<SimClock>,
+    /// The other hosts' clock.
+    clock: Arc<SimClock>,
 }
 
 /// What the control plane hands the delegate, and what it says back.
@@ -240,8 +308,8 @@ struct Shared {
 struct Board {
     /// The delegate's id and grant key, once it runs.
     delegate: Option<(NodeId, GrantPublicKey)>,
-    /// Tokens minted for it, newest last.
-    tokens: Vec<String>,
+    /// Tokens minted for it, newest last, with (at least) their expiry date.
+    tokens: Vec<(String, u64)>,
     /// Set when the delegate is to stop.
     stop: bool,
 }
@@ -259,11 +327,15 @@ struct Record {
     authority: Vec<AuthorityChange<&'static str>>,
     /// Controller calls that needed them.
     controller_calls: Vec<ControllerCall<&'static str>>,
+    /// Tokens the delegate presented.
+    presented: Vec<Presented<&'static str>>,
     /// Answers given to tasks' questions: (task, question seq, answer,
     /// whether an attempt was answered ok).
     responds: Vec<(String, u64, u64, bool)>,
     /// Cancels: (task, the state its answer gave, if one came).
     cancels: Vec<(String, Option<TaskState>)>,
+    /// Reads of tasks' states (gets, and cancels' answers), by task.
+    task_reads: BTreeMap<String, Vec<TaskRead<TaskState>>>,
     unknown: u64,
 }
 
@@ -283,8 +355,10 @@ fn node_software(
     move || {
         let (dir, shared) = (dir.clone(), shared.clone());
         Box::pin(async move {
+            shared.node_clock.started();
             let node = Node::builder("chk-node")
                 .keypair(keypair(seed, 1))
+                .wall_clock(shared.node_clock.clone())
                 .limits(Limits {
                     stream_idle_timeout: Duration::from_secs(5),
                     ..Limits::default()
@@ -307,8 +381,13 @@ fn node_software(
             shared.runs.starts.fetch_add(1, Ordering::SeqCst);
             let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
             loop {
-                let (stream, _) = listener.accept().await?;
-                node.accept_stream(stream);
+                let (stream, peer) = listener.accept().await?;
+                node.accept_stream(NodeEnd {
+                    inner: stream,
+                    peer,
+                    read: 0,
+                    dups: shared.dups.clone(),
+                });
             }
         })
     }
@@ -351,10 +430,12 @@ async fn dial_with(cp: &Node, node: NodeId, dup: Option<&Arc<Dups>>) -> Peer {
         let attempt = async {
             let stream = turmoil::net::TcpStream::connect((NODE, PORT)).await.ok()?;
             match dup {
-                Some(d) => cp
-                    .connect_stream(DupStream::new(stream, d.clone()), Some(node))
-                    .await
-                    .ok(),
+                Some(d) => {
+                    let addr = stream.local_addr().ok()?;
+                    cp.connect_stream(DupStream::new(stream, addr, d.clone()), Some(node))
+                        .await
+                        .ok()
+                }
                 None => cp.connect_stream(stream, Some(node)).await.ok(),
             }
         };
@@ -365,19 +446,94 @@ async fn dial_with(cp: &Node, node: NodeId, dup: Option<&Arc<Dups>>) -> Peer {
     }
 }
 
-/// After a record written twice, what the node sent before it read the
-/// copy arrives within this (the link's latency is at most 64 ms each
-/// way); anything later means it went on serving the session.
-const QUIET_AFTER_DUPLICATE: Tick = 300;
+/// After the node read a record written twice, what it had queued before
+/// may still go out within this; anything later means it went on serving
+/// the session.
+const QUIET_AFTER_DUPLICATE: Tick = 50;
 
 /// Duplicated records: the fault's switch and what came of it.
 #[derive(Default)]
 struct Dups {
     /// Set by the schedule: the next record written is written twice.
     armed: std::sync::atomic::AtomicBool,
-    /// When each duplicate was written, and when its stream last brought
-    /// bytes from the peer after that, in simulated ms.
-    seen: Mutex<Vec<(Tick, Option<Tick>)>>,
+    /// Each copy written, and what the node did about it.
+    seen: Mutex<Vec<Copy>>,
+}
+
+/// A record the control plane wrote twice, watched from both ends of
+/// its connection.
+struct Copy {
+    /// The control plane's end of the connection (the node's peer).
+    addr: std::net::SocketAddr,
+    /// When it was written, in simulated ms.
+    written: Tick,
+    /// Where the copy ends in the bytes the control plane wrote.
+    end: u64,
+    /// When the node's session read past its end.
+    read: Option<Tick>,
+    /// The last time the node wrote on that connection after reading it.
+    wrote_after: Option<Tick>,
+}
+
+/// The node's end of a connection: tells [`Dups`] when the node read a
+/// copy and whether it wrote anything after.
+struct NodeEnd<S> {
+    inner: S,
+    peer: std::net::SocketAddr,
+    read: u64,
+    dups: Arc<Dups>,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for NodeEnd<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
+        this.read += (buf.filled().len() - before) as u64;
+        for c in lock(&this.dups.seen).iter_mut() {
+            if c.addr == this.peer && c.read.is_none() && this.read >= c.end {
+                c.read = Some(now_ms());
+            }
+        }
+        r
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for NodeEnd<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+        if matches!(r, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            for c in lock(&this.dups.seen).iter_mut() {
+                if c.addr == this.peer && c.read.is_some() {
+                    c.wrote_after = Some(now_ms());
+                }
+            }
+        }
+        r
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// The control plane's side of a session's byte stream, which can write
@@ -392,20 +548,26 @@ struct DupStream<S> {
     out: Vec<u8>,
     sent: usize,
     records: u64,
-    /// The index in `dups.seen` of this stream's duplicate, if it wrote one.
-    duplicate: Option<usize>,
+    /// Bytes queued so far.
+    queued: u64,
+    /// Whether this stream wrote its one duplicate.
+    duplicated: bool,
+    /// This end's address, as the node sees it.
+    addr: std::net::SocketAddr,
     dups: Arc<Dups>,
 }
 
 impl<S> DupStream<S> {
-    fn new(inner: S, dups: Arc<Dups>) -> Self {
+    fn new(inner: S, addr: std::net::SocketAddr, dups: Arc<Dups>) -> Self {
         DupStream {
             inner,
             frame: Vec::new(),
             out: Vec::new(),
             sent: 0,
             records: 0,
-            duplicate: None,
+            queued: 0,
+            duplicated: false,
+            addr,
             dups,
         }
     }
@@ -428,15 +590,22 @@ impl<S> DupStream<S> {
                     == 2 + usize::from(u16::from_be_bytes([self.frame[0], self.frame[1]]));
             if whole {
                 self.out.extend_from_slice(&self.frame);
+                self.queued += self.frame.len() as u64;
                 self.records += 1;
                 if self.records > 3
-                    && self.duplicate.is_none()
+                    && !self.duplicated
                     && self.dups.armed.swap(false, Ordering::SeqCst)
                 {
                     self.out.extend_from_slice(&self.frame);
-                    let mut seen = lock(&self.dups.seen);
-                    seen.push((now_ms(), None));
-                    self.duplicate = Some(seen.len() - 1);
+                    self.queued += self.frame.len() as u64;
+                    self.duplicated = true;
+                    lock(&self.dups.seen).push(Copy {
+                        addr: self.addr,
+                        written: now_ms(),
+                        end: self.queued,
+                        read: None,
+                        wrote_after: None,
+                    });
                 }
                 self.frame.clear();
             }
@@ -509,21 +678,7 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for DupStream<S> {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
-        let ended = match &r {
-            std::task::Poll::Ready(Ok(())) => buf.filled().len() == before,
-            std::task::Poll::Ready(Err(_)) => true,
-            std::task::Poll::Pending => false,
-        };
-        if !ended
-            && buf.filled().len() > before
-            && let Some(i) = this.duplicate
-        {
-            lock(&this.dups.seen)[i].1 = Some(now_ms());
-        }
-        r
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
     }
 }
 
@@ -858,6 +1013,14 @@ async fn client(
                 )
                 .await;
                 if let Ok(task) = tries.answer {
+                    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let poller = tokio::spawn(poll(
+                        link.clone(),
+                        task.clone(),
+                        record.clone(),
+                        rng.random(),
+                        stop.clone(),
+                    ));
                     let canceller = cancel_after.map(|ms| {
                         let (link, record, task) = (link.clone(), record.clone(), task.clone());
                         tokio::spawn(async move {
@@ -869,6 +1032,8 @@ async fn client(
                     if let Some(c) = canceller {
                         c.await.unwrap();
                     }
+                    stop.store(true, Ordering::SeqCst);
+                    poller.await.unwrap();
                     if !seen_end {
                         return;
                     }
@@ -938,9 +1103,18 @@ async fn follow(link: &Link, task: &str, record: &Mutex<Record>) -> bool {
     finished
 }
 
+/// How a controller call went.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Called {
+    Ok,
+    Refused,
+    /// No answer came.
+    Lost,
+}
+
 /// One controller call of `key`'s (an `apply` under a fresh req_id, not
 /// retried), recorded.
-async fn controller_call(peer: &Peer, key: &'static str, n: u64, record: &Mutex<Record>) -> bool {
+async fn controller_call(peer: &Peer, key: &'static str, n: u64, record: &Mutex<Record>) -> Called {
     let req = ReqId::try_from(format!("{key}-{n}").as_str()).unwrap();
     let args = ApplyArgs {
         key: req.to_string(),
@@ -958,7 +1132,11 @@ async fn controller_call(peer: &Peer, key: &'static str, n: u64, record: &Mutex<
         complete: (!lost).then(now_ms),
         acknowledged: r.is_ok(),
     });
-    lost
+    match r {
+        Ok(_) => Called::Ok,
+        Err(_) if lost => Called::Lost,
+        Err(_) => Called::Refused,
+    }
 }
 
 /// The delegate host: a node that presents the newest token the control
@@ -967,6 +1145,7 @@ async fn controller_call(peer: &Peer, key: &'static str, n: u64, record: &Mutex<
 async fn delegate(seed: u64, shared: Arc<Shared>, record: Arc<Mutex<Record>>) -> turmoil::Result {
     let me = Node::builder("chk-delegate")
         .keypair(keypair(seed, 3))
+        .wall_clock(shared.clock.clone())
         .start()
         .await?;
     lock(&shared.board).delegate = Some((me.id(), me.grant_key()));
@@ -1001,8 +1180,13 @@ async fn delegate(seed: u64, shared: Arc<Shared>, record: Arc<Mutex<Record>>) ->
             }
         };
         if presented < newest {
-            let token = lock(&shared.board).tokens[newest - 1].clone();
+            let (token, expires) = lock(&shared.board).tokens[newest - 1].clone();
             let invoke = now_ms();
+            lock(&record).presented.push(Presented {
+                key: "delegate",
+                invoke,
+                expires,
+            });
             let r = p.present(&token).await;
             match &r {
                 Ok(_) => record_grant(&record, "delegate", invoke, Some(now_ms())),
@@ -1017,8 +1201,12 @@ async fn delegate(seed: u64, shared: Arc<Shared>, record: Arc<Mutex<Record>>) ->
             presented = newest;
         }
         n += 1;
-        if controller_call(&p, "delegate", n, &record).await {
-            peer = None;
+        match controller_call(&p, "delegate", n, &record).await {
+            Called::Lost => peer = None,
+            // Refused (expired, revoked): the newest token is presented
+            // again, as a client that does not read the refusal would.
+            Called::Refused => presented = 0,
+            Called::Ok => {}
         }
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
@@ -1035,7 +1223,9 @@ fn record_grant(record: &Mutex<Record>, key: &'static str, invoke: Tick, complet
 
 /// The control plane's side of the grants: `rounds` times, mints a token
 /// for the delegate (for `app.chk/apply` only), lets it work a while, and
-/// revokes it.
+/// revokes it. Half the tokens are short (2 to 6 s): the node's clock is
+/// then stepped past their expiry while the delegate calls, and half the
+/// time set back again, as a time service correcting it would.
 async fn grant_rounds(
     rng: &mut StdRng,
     cp: &Node,
@@ -1052,6 +1242,12 @@ async fn grant_rounds(
     };
     for _ in 0..rounds {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..2000))).await;
+        let short = rng.random_bool(0.5);
+        let valid_for = if short {
+            Duration::from_millis(rng.random_range(2000..6000))
+        } else {
+            Duration::from_secs(3600)
+        };
         let token = loop {
             let (generation, peer) = link.get().await;
             let minted = cp
@@ -1060,7 +1256,7 @@ async fn grant_rounds(
                     holder,
                     holder_key,
                     vec![Right::verb("app.chk", "apply")],
-                    Duration::from_secs(3600),
+                    valid_for,
                 )
                 .await;
             match minted {
@@ -1071,7 +1267,19 @@ async fn grant_rounds(
                 Err(e) => panic!("minting a grant failed: {e}"),
             }
         };
-        lock(&shared.board).tokens.push(token.clone());
+        // Dated by the control plane's clock while `grant` ran: at most
+        // now (a second more for the token's rounding).
+        let expires = shared.clock.date_ms() + valid_for.as_millis() as u64 + 1000;
+        lock(&shared.board).tokens.push((token.clone(), expires));
+        if short {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
+            let ahead = valid_for.as_millis() as i64 + rng.random_range(1000..20_000);
+            shared.node_clock.step(ahead);
+            tokio::time::sleep(Duration::from_millis(rng.random_range(300..2000))).await;
+            if rng.random_bool(0.5) {
+                shared.node_clock.step(-ahead);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..3000))).await;
         let id = capwire::grants::revocation_ids(&token).unwrap()[0].clone();
         let invoke = now_ms();
@@ -1119,7 +1327,7 @@ async fn binding_round(
             while !stop.load(Ordering::SeqCst) {
                 n += 1;
                 let (generation, peer) = link.get().await;
-                if controller_call(&peer, "cp", n, &record).await {
+                if controller_call(&peer, "cp", n, &record).await == Called::Lost {
                     link.redial(generation).await;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1204,7 +1412,9 @@ async fn cancel(link: &Link, task: &str, record: &Mutex<Record>) {
         link,
         30,
         || true,
-        |_, _, _| {},
+        |invoke, complete, r: &Result<TaskInfo, CallError>| {
+            read_of(record, task, invoke, complete, r);
+        },
         |peer| {
             let task = task.to_owned();
             async move { peer.task::<u64>(task).cancel().await }
@@ -1213,6 +1423,53 @@ async fn cancel(link: &Link, task: &str, record: &Mutex<Record>) {
     .await;
     let state = tries.answer.ok().map(|info| info.state);
     lock(record).cancels.push((task.to_owned(), state));
+}
+
+/// Records a read of `task`'s state.
+fn read_of(
+    record: &Mutex<Record>,
+    task: &str,
+    invoke: Tick,
+    complete: Option<Tick>,
+    r: &Result<TaskInfo, CallError>,
+) {
+    let rec = &mut *lock(record);
+    if complete.is_none() {
+        rec.unknown += 1;
+    }
+    rec.task_reads
+        .entry(task.to_owned())
+        .or_default()
+        .push(TaskRead {
+            invoke,
+            complete,
+            saw: r.as_ref().ok().map(|i| (i.seq, i.state)),
+        });
+}
+
+/// Reads `task`'s state (`core.tasks/get`) every 50 to 500 ms until
+/// `stop`, over whatever session the link has, recording each read.
+async fn poll(
+    link: Arc<Link>,
+    task: String,
+    record: Arc<Mutex<Record>>,
+    seed: u64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
+        let (generation, peer) = link.get().await;
+        let invoke = now_ms();
+        let r = tokio::time::timeout(Duration::from_millis(1500), peer.task::<u64>(&task).get())
+            .await
+            .unwrap_or(Err(CallError::Timeout));
+        let lost = matches!(&r, Err(e) if lost(e));
+        read_of(&record, &task, invoke, (!lost).then(now_ms), &r);
+        if lost {
+            link.redial(generation).await;
+        }
+    }
 }
 
 /// Each question is answered at most once in a task's log, and an answer
@@ -1390,7 +1647,10 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
         .enable_random_order();
     let mut sim = builder.build();
     let dir = tempfile::tempdir().unwrap();
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared {
+        node_clock: Arc::new(SimClock::watched()),
+        ..Shared::default()
+    });
     let cp_key = keypair(seed, 2);
     sim.host(
         NODE,
@@ -1429,7 +1689,7 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
         .filter(|(_, f, _)| matches!(f, Fault::Duplicate))
         .count() as u64;
     let cuts = schedule.len() as u64 - crashes.len() as u64 - duplicates;
-    let dups = Arc::new(Dups::default());
+    let dups = shared.dups.clone();
 
     let record = Arc::new(Mutex::new(Record::default()));
     {
@@ -1446,6 +1706,7 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
         sim.client(CP, async move {
             let cp = Node::builder("chk-cp")
                 .keypair(cp_key)
+                .wall_clock(shared.clock.clone())
                 .limits(Limits {
                     stream_idle_timeout: Duration::from_secs(5),
                     ..Limits::default()
@@ -1576,6 +1837,12 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                 },
             ));
             let executions = lock(&shared.runs.runs).clone();
+            let node_clock = shared
+                .node_clock
+                .seen
+                .as_ref()
+                .map(|s| lock(s).clone())
+                .unwrap_or_default();
             let check = (|| {
                 checker::linearizable(
                     &Register::new(RawValue::null()),
@@ -1586,6 +1853,11 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                 checker::answers_backed_by_executions(&rec.requests, &executions)?;
                 checker::exactly_once_submits(&rec.submits)?;
                 checker::no_effect_after_revocation(&rec.authority, &rec.controller_calls)?;
+                checker::no_effect_after_expiry(
+                    &node_clock,
+                    &rec.presented,
+                    &rec.controller_calls,
+                )?;
                 answers_and_cancels(&logs, &rec.responds, &rec.cancels)?;
                 for (task, segments) in &rec.subscriptions {
                     events_seen.fetch_add(
@@ -1594,6 +1866,11 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                     );
                     let (end, log) = &logs[task];
                     checker::subscriber_stream(SENDER, log, segments)?;
+                    if let Some(reads) = rec.task_reads.get(task) {
+                        checker::task_reads(task, log, reads, |(_, said), state| {
+                            said.starts_with(&format!("{state:?} "))
+                        })?;
+                    }
                     if *end > 0 {
                         unseen_end(task, *end, segments)?;
                     }
@@ -1642,28 +1919,35 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
     check.map_err(|v| report(seed, v))?;
     let (duplicates, duplicates_refused) = {
         let seen = lock(&dups.seen);
-        for (at, last) in seen.iter() {
-            if let Some(last) = last.filter(|l| *l > at + QUIET_AFTER_DUPLICATE) {
-                println!(
-                    "seed {seed}: a record written twice at {at} ms, bytes from the node until {last} ms"
-                );
+        let mut refused = 0;
+        for c in seen.iter() {
+            match (c.read, c.wrote_after) {
+                (Some(read), Some(last)) if last > read + QUIET_AFTER_DUPLICATE => {
+                    return Err(format!(
+                        "seed {seed}: the node read a record written twice at {read} ms \
+                         (written at {}) and went on writing on that session until {last} ms",
+                        c.written
+                    ));
+                }
+                (Some(_), _) => refused += 1,
+                // The session ended (a cut, a crash) before the copy came.
+                (None, _) => {}
             }
         }
-        let refused = seen
-            .iter()
-            .filter(|(at, last)| last.is_none_or(|l| l <= at + QUIET_AFTER_DUPLICATE))
-            .count();
-        (seen.len() as u64, refused as u64)
+        (seen.len() as u64, refused)
     };
     let rec = lock(&record);
     let subscriptions: u64 = rec.subscriptions.values().map(|s| s.len() as u64).sum();
+    let task_reads: u64 = rec.task_reads.values().map(|r| r.len() as u64).sum();
     Ok(Counts {
         ops: (rec.register.len()
             + rec.requests.len()
             + rec.submits.len()
             + rec.authority.len()
             + rec.controller_calls.len()) as u64
-            + subscriptions,
+            + subscriptions
+            + task_reads,
+        task_reads,
         unknown: rec.unknown,
         cuts,
         crashes: crashed,
@@ -1678,5 +1962,10 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
             .iter()
             .filter(|c| c.1 == Some(TaskState::Canceled))
             .count() as u64,
+        clock_steps: shared
+            .node_clock
+            .seen
+            .as_ref()
+            .map_or(0, |s| lock(s).steps.len() as u64),
     })
 }

@@ -61,6 +61,12 @@ pub(crate) enum Property {
     SubscriberStream,
     /// No controller call is acknowledged once its authority is gone.
     NoEffectAfterRevocation,
+    /// No call a grant let through is acknowledged once the node's date
+    /// is past the grant's expiry.
+    NoEffectAfterExpiry,
+    /// A read of a task's state names an event of its log, in the state
+    /// the log gives it, and reads in real-time order never go back.
+    TaskReads,
 }
 
 impl Display for Property {
@@ -71,6 +77,8 @@ impl Display for Property {
             Property::ExactlyOnceSubmits => "exactly-once task submits",
             Property::SubscriberStream => "subscriber stream",
             Property::NoEffectAfterRevocation => "no effect after revocation",
+            Property::NoEffectAfterExpiry => "no effect after expiry",
+            Property::TaskReads => "task reads",
         })
     }
 }
@@ -1968,6 +1976,209 @@ pub(crate) fn no_effect_after_revocation<K: Eq + Debug>(
                             window(call.invoke, call.complete)
                         ),
                     ],
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The node's wall clock as the harness moved it, and what the node read
+/// of it. Dates are in ms.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NodeClock {
+    /// The date at tick 0.
+    pub(crate) base: u64,
+    /// Steps, in tick order: from this tick on, the date is
+    /// `base + tick + offset`.
+    pub(crate) steps: Vec<(Tick, i64)>,
+    /// When the node started; a start forgets what the node read before.
+    pub(crate) starts: Vec<Tick>,
+    /// The node's reads: when, and the date it was given.
+    pub(crate) reads: Vec<(Tick, u64)>,
+}
+
+impl NodeClock {
+    /// The clock's date at `t`.
+    pub(crate) fn date(&self, t: Tick) -> u64 {
+        let offset = self
+            .steps
+            .iter()
+            .take_while(|(at, _)| *at <= t)
+            .last()
+            .map_or(0, |(_, o)| *o);
+        (i128::from(self.base) + i128::from(t) + i128::from(offset)).clamp(0, i128::from(u64::MAX))
+            as u64
+    }
+
+    /// The least date the clock showed within `[from, to]`.
+    fn least(&self, from: Tick, to: Tick) -> u64 {
+        self.steps
+            .iter()
+            .filter(|(at, _)| *at > from && *at <= to)
+            .map(|(at, _)| self.date(*at))
+            .fold(self.date(from), u64::min)
+    }
+
+    /// The latest date the node read before `t` since its last start at
+    /// or before `t` (reads in the start's own tick are left out: they may
+    /// be the run before's).
+    fn floor(&self, t: Tick) -> Option<(Tick, u64)> {
+        let start = self.starts.iter().filter(|s| **s <= t).max().copied();
+        self.reads
+            .iter()
+            .filter(|(at, _)| *at < t && start.is_none_or(|s| *at > s))
+            .max_by_key(|(_, d)| *d)
+            .copied()
+    }
+}
+
+/// A token presented for `key` (the presentation invoked at `invoke`),
+/// valid until the date `expires` (ms; at least its real expiry).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Presented<K> {
+    pub(crate) key: K,
+    pub(crate) invoke: Tick,
+    pub(crate) expires: u64,
+}
+
+/// No controller call needing a grant (its key has tokens presented) is
+/// acknowledged ok when the date the node went by was past the expiry of
+/// every token presented by then. That date is at least the clock's least
+/// in the call's window, and at least the latest date the node had read
+/// before the call in the same start: a clock set back must not make it
+/// earlier, or an expired token would be valid again.
+pub(crate) fn no_effect_after_expiry<K: Eq + Debug>(
+    clock: &NodeClock,
+    presented: &[Presented<K>],
+    calls: &[ControllerCall<K>],
+) -> Result<(), Violation> {
+    for (ci, call) in calls.iter().enumerate() {
+        if !call.acknowledged {
+            continue;
+        }
+        let Some(done) = call.complete else {
+            continue;
+        };
+        let Some((pi, latest)) = presented
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.key == call.key && p.invoke <= done)
+            .max_by_key(|(_, p)| p.expires)
+        else {
+            continue;
+        };
+        let least = clock.least(call.invoke, done);
+        let floor = clock.floor(call.invoke);
+        let date = least.max(floor.map_or(0, |(_, d)| d));
+        if date >= latest.expires {
+            let mut records = vec![
+                format!(
+                    "token #{pi}: {:?} presented at {}, expires at date {}",
+                    latest.key, latest.invoke, latest.expires
+                ),
+                format!(
+                    "clock: least date {least} in the call's window{}",
+                    floor.map_or(String::new(), |(at, d)| format!(
+                        "; the node had read date {d} at {at}"
+                    ))
+                ),
+            ];
+            records.extend(
+                clock
+                    .steps
+                    .iter()
+                    .filter(|(at, _)| *at <= done)
+                    .map(|(at, o)| format!("clock step at {at}: offset {o} ms")),
+            );
+            records.push(format!(
+                "call #{ci}: {:?} {} {} -> ok",
+                call.key,
+                call.verb,
+                window(call.invoke, call.complete)
+            ));
+            return Err(Violation::new(
+                Property::NoEffectAfterExpiry,
+                format!(
+                    "a call acknowledged ok when the node's date was at least {date}, past the \
+                     expiry of every token presented ({})",
+                    latest.expires
+                ),
+                records,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A read of one task's state (`core.tasks/get`, or a cancel's answer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TaskRead<S> {
+    pub(crate) invoke: Tick,
+    pub(crate) complete: Option<Tick>,
+    /// What it said: the seq of the task's last event and the task's
+    /// state; `None` when it failed or its answer was lost.
+    pub(crate) saw: Option<(u64, S)>,
+}
+
+/// Every read of a task names an event of its final `log` (a seq at most
+/// the log's last), in the state that event gives the task (`state_is`;
+/// not checked for events folded out of the log), and a read invoked
+/// after another completed never sees an earlier seq: what a read shows
+/// was durable and stays.
+pub(crate) fn task_reads<E: Debug, S: Debug>(
+    task: &str,
+    log: &[Event<E>],
+    reads: &[TaskRead<S>],
+    state_is: impl Fn(&E, &S) -> bool,
+) -> Result<(), Violation> {
+    let last = log.last().map_or(0, |e| e.seq);
+    let show = |i: usize, r: &TaskRead<S>| {
+        format!(
+            "read #{i}: {} -> {}",
+            window(r.invoke, r.complete),
+            match &r.saw {
+                Some((seq, state)) => format!("seq {seq} {state:?}"),
+                None => "no answer".into(),
+            }
+        )
+    };
+    for (i, r) in reads.iter().enumerate() {
+        let Some((seq, state)) = &r.saw else {
+            continue;
+        };
+        if *seq > last {
+            return Err(Violation::new(
+                Property::TaskReads,
+                format!("task {task}: a read saw seq {seq}, past the log's last ({last})"),
+                vec![show(i, r)],
+            ));
+        }
+        if let Some(e) = log.iter().find(|e| e.seq == *seq)
+            && !state_is(&e.kind, state)
+        {
+            return Err(Violation::new(
+                Property::TaskReads,
+                format!("task {task}: a read saw seq {seq} in a state its event does not give"),
+                vec![show(i, r), format!("event seq {}: {:?}", e.seq, e.kind)],
+            ));
+        }
+    }
+    for (a, ra) in reads.iter().enumerate() {
+        let (Some(done), Some((seen, _))) = (ra.complete, &ra.saw) else {
+            continue;
+        };
+        for (b, rb) in reads.iter().enumerate() {
+            if let Some((later, _)) = &rb.saw
+                && rb.invoke > done
+                && later < seen
+            {
+                return Err(Violation::new(
+                    Property::TaskReads,
+                    format!(
+                        "task {task}: a read invoked after another completed saw an earlier seq"
+                    ),
+                    vec![show(a, ra), show(b, rb)],
                 ));
             }
         }
