@@ -6,7 +6,10 @@
 //! the `a2a-sdk` package's types; the TypeScript MCP SDK's client (npm,
 //! pinned in `tests/mcp/ts/package-lock.json`) makes the same calls; a
 //! hand-written hostile client floods and garbles JSON-RPC
-//! (`tests/mcp/*.py`). Without Python the test
+//! (`tests/mcp/*.py`). The `agent-client-protocol` package's client (PyPI,
+//! pinned there too) starts `capwire acp` as its agent and runs prompt
+//! turns, a cancel and a load against the same cluster
+//! (`tests/mcp/test_acp.py`). Without Python the test
 //! fails, unless `CAPWIRE_SKIP_PYTHON=1` says to skip it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

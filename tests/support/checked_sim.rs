@@ -1447,7 +1447,7 @@ fn read_of(
         });
 }
 
-/// Reads `task`'s state (`core.tasks/get`) every 50 to 500 ms until
+/// Reads `task`'s state (`core.tasks/get`) every 100 to 800 ms until
 /// `stop`, over whatever session the link has, recording each read.
 async fn poll(
     link: Arc<Link>,
@@ -1458,7 +1458,7 @@ async fn poll(
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
     while !stop.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..800))).await;
         let (generation, peer) = link.get().await;
         let invoke = now_ms();
         let r = tokio::time::timeout(Duration::from_millis(1500), peer.task::<u64>(&task).get())
@@ -1866,13 +1866,17 @@ pub(crate) fn run(seed: u64, clients: u64, ops: u32) -> Result<Counts, String> {
                     );
                     let (end, log) = &logs[task];
                     checker::subscriber_stream(SENDER, log, segments)?;
-                    if let Some(reads) = rec.task_reads.get(task) {
+                    if *end > 0 {
+                        unseen_end(task, *end, segments)?;
+                    }
+                }
+                // Reads after streams: a log that lost an event fails the
+                // stream check first, which names the event.
+                for (task, reads) in &rec.task_reads {
+                    if let Some((_, log)) = logs.get(task) {
                         checker::task_reads(task, log, reads, |(_, said), state| {
                             said.starts_with(&format!("{state:?} "))
                         })?;
-                    }
-                    if *end > 0 {
-                        unseen_end(task, *end, segments)?;
                     }
                 }
                 Ok(())

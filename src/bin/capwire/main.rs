@@ -1,6 +1,7 @@
 //! The `capwire` command-line tool: make keys, run nodes, control them,
 //! and see it all at work in `capwire demo`.
 
+mod acp;
 mod agent;
 mod ctl;
 mod demo;
@@ -48,6 +49,9 @@ enum Command {
     /// are the app.* verbs of the nodes a control plane bound; bootstrap
     /// verbs only unless --allow-controller.
     Mcp(mcp::McpArgs),
+    /// An Agent Client Protocol agent on stdio (for editors): one task
+    /// verb of one node, a prompt turn a task.
+    Acp(acp::AcpArgs),
     /// The children's container image: `capwire image build` makes it on
     /// the local Docker engine, without a registry.
     Image(engine::ImageArgs),
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         Command::Node(_) => "capwire-node",
         Command::Ctl(_) => "capwire-ctl",
         Command::Mcp(_) => "capwire-mcp",
+        Command::Acp(_) => "capwire-acp",
         Command::Demo(_) => "capwire-demo",
         _ => "capwire",
     };
@@ -119,6 +124,7 @@ fn main() -> ExitCode {
             Command::Ctl(args) => ctl::run(args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Mcp(args) => mcp::run(args).await,
+            Command::Acp(args) => acp::run(args).await,
             Command::Image(args) => engine::image(args).await,
         }
     });

@@ -27,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 use crate::ctl::{self, Backend};
 use crate::exit::{EXIT_CODES, Failure};
 
-use self::refresh::Scope;
+pub(crate) use self::catalog::Kind;
+pub(crate) use self::refresh::{Scope, run_one, served};
 use self::server::Face;
 
 const AFTER_HELP: &str = "\

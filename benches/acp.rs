@@ -1,0 +1,252 @@
+//! A prompt turn through `capwire acp` beside the same task run other
+//! ways, in one run against one `capwire node` process
+//! (`app.agent/work`, one step of 0 ms, a 64 B text):
+//!
+//! - a library run: a node in this process, a session up, `submit_raw`
+//!   then `result` (the task's events followed to its end);
+//! - `capwire acp`: a `session/prompt` on stdin, its `session/update`s
+//!   and its answer on stdout, one turn at a time, session up;
+//! - `capwire ctl call --wait` handed to that `capwire acp` (which owns
+//!   the control plane's state): a process per task;
+//! - `capwire ctl call --wait` alone: a process per task that opens the
+//!   state and makes its own session.
+//!
+//! Run with `cargo bench --bench acp` (`-- --quick` for fewer turns).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use capwire::envelope::RawValue;
+use capwire::{Addr, Node, NodeId};
+use serde_json::{Value as Json, json};
+
+const PAYLOAD: usize = 64;
+
+fn capwire() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_capwire"));
+    cmd.env("RUST_LOG", "warn").env_remove("CAPWIRE_CTL_STATE");
+    cmd
+}
+
+/// `capwire node` and what it printed at start.
+fn start_node(state: &Path) -> (Child, Json) {
+    let mut child = capwire()
+        .args(["node", "--json", "--name", "bench", "--state"])
+        .arg(state)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    (child, serde_json::from_str(&line).unwrap())
+}
+
+fn ctl(state: &Path, args: &[&str]) -> std::process::Output {
+    let out = capwire()
+        .arg("ctl")
+        .arg("--state")
+        .arg(state)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `capwire acp` on stdio, spoken to one line at a time.
+struct Acp {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    next_id: u64,
+}
+
+impl Acp {
+    fn start(state: &Path, args: &str) -> Acp {
+        let mut child = capwire()
+            .arg("acp")
+            .arg("--state")
+            .arg(state)
+            .args(["--verb", "app.agent/work", "--args", args])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut acp = Acp {
+            child,
+            stdin,
+            stdout,
+            next_id: 0,
+        };
+        acp.call("initialize", json!({"protocolVersion": 1}));
+        acp
+    }
+
+    /// A request and its result; the updates before it are counted.
+    fn call(&mut self, method: &str, params: Json) -> (Json, usize) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut line =
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string();
+        line.push('\n');
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        self.stdin.flush().unwrap();
+        let mut updates = 0;
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "capwire acp ended"
+            );
+            let message: Json = serde_json::from_str(&line).unwrap();
+            if message["id"] == id && message.get("method").is_none() {
+                assert!(message.get("error").is_none(), "{method}: {message}");
+                return (message["result"].clone(), updates);
+            }
+            updates += 1;
+        }
+    }
+
+    fn stop(mut self) {
+        drop(self.stdin);
+        let _ = self.child.wait();
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick" || a == "--test")
+        || std::env::var("CAPWIRE_BENCH_QUICK").is_ok_and(|v| v != "0");
+    let (turns, processes) = if quick { (100, 5) } else { (1_000, 40) };
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("ctl");
+    let (mut node, info) = start_node(&dir.path().join("node"));
+    ctl(
+        &state,
+        &["bind", info["invite"].as_str().unwrap(), "--name", "bench"],
+    );
+    let text = "x".repeat(PAYLOAD);
+    let shape = json!({"steps": 1, "step_ms": 0});
+    let mut full = shape.clone();
+    full["text"] = json!(text);
+    let full_json = full.to_string();
+
+    // A library run, from a node of this process.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr: Addr = info["addrs"][0].as_str().unwrap().parse().unwrap();
+    let id: NodeId = info["node_id"].as_str().unwrap().parse().unwrap();
+    let library = rt.block_on(async {
+        let client = Node::builder("bench-client").start().await.unwrap();
+        let peer = client.connect(&addr, Some(id)).await.unwrap();
+        let args = RawValue::encode(&full).unwrap();
+        let mut samples = Vec::with_capacity(turns);
+        for _ in 0..turns {
+            let start = Instant::now();
+            let task = peer
+                .submit_raw("app.agent", "work", &args, None, Duration::from_secs(10))
+                .await
+                .unwrap();
+            task.result().await.unwrap();
+            samples.push(start.elapsed());
+        }
+        client.shutdown().await;
+        median(samples)
+    });
+
+    let ctl_wait = |samples: &mut Vec<Duration>| {
+        let start = Instant::now();
+        ctl(
+            &state,
+            &[
+                "call",
+                "bench",
+                "app.agent",
+                "work",
+                "--wait",
+                "--args",
+                &full_json,
+            ],
+        );
+        samples.push(start.elapsed());
+    };
+    let mut alone = Vec::new();
+    for _ in 0..processes {
+        ctl_wait(&mut alone);
+    }
+
+    // Through `capwire acp`, which now owns the state.
+    let mut acp = Acp::start(&state, &shape.to_string());
+    let (session, _) = acp.call("session/new", json!({"cwd": "/", "mcpServers": []}));
+    let session = session["sessionId"].as_str().unwrap().to_owned();
+    let mut through = Vec::with_capacity(turns);
+    let mut updates = 0;
+    for _ in 0..turns {
+        let start = Instant::now();
+        let (done, n) = acp.call(
+            "session/prompt",
+            json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}),
+        );
+        through.push(start.elapsed());
+        assert_eq!(done["stopReason"], "end_turn", "{done}");
+        updates = n;
+    }
+    let mut handed = Vec::new();
+    for _ in 0..processes {
+        ctl_wait(&mut handed);
+    }
+    acp.stop();
+    let _ = node.kill();
+    let _ = node.wait();
+
+    let (through, handed, alone) = (median(through), median(handed), median(alone));
+    println!(
+        "task turn latency, app.agent/work (1 step, {PAYLOAD} B text), one capwire node process on \
+         loopback; medians of {turns} turns ({processes} for the processes){}; {updates} updates \
+         a prompt",
+        if quick { " (quick)" } else { "" }
+    );
+    println!("{:<56} {:>10} {:>9}", "", "us", "ratio");
+    for (what, d) in [
+        ("library run (submit_raw + result, session up)", library),
+        ("capwire acp over stdio (session/prompt)", through),
+        ("capwire ctl call --wait, handed to capwire acp", handed),
+        (
+            "capwire ctl call --wait alone (process, state, session)",
+            alone,
+        ),
+    ] {
+        println!("{what:<56} {:>10.1} {:>8.1}x", us(d), us(d) / us(library));
+    }
+    println!(
+        "the face's overhead against ctl call --wait handed to it: {:.2}x (prompt turn / command)",
+        us(through) / us(handed)
+    );
+}
