@@ -141,7 +141,9 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick" || a == "--test")
         || std::env::var("CAPWIRE_BENCH_QUICK").is_ok_and(|v| v != "0");
-    let (turns, processes) = if quick { (100, 5) } else { (1_000, 40) };
+    // A node keeps 1,000 tasks per sender (then `overloaded`): the
+    // control plane's turns and processes stay under it.
+    let (turns, processes) = if quick { (100, 5) } else { (400, 40) };
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("ctl");
     let (mut node, info) = start_node(&dir.path().join("node"));

@@ -1,8 +1,10 @@
 //! `capwire acp` driven by the `agent-client-protocol` crate's own client
 //! (it spawns the agent process): a node made here serves a task verb
 //! whose question is a choice, answered through
-//! `session/request_permission`, and a controller task verb, which the
-//! face fronts only with `--allow-controller`.
+//! `session/request_permission`; one whose question is free, answered
+//! through `elicitation/create` when the client offers forms (and left to
+//! `capwire ctl tasks` when it does not); and a controller task verb,
+//! which the face fronts only with `--allow-controller`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod cli_support;
@@ -14,9 +16,11 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    ContentBlock, InitializeRequest, NewSessionRequest, PromptRequest, RequestPermissionOutcome,
-    RequestPermissionRequest, RequestPermissionResponse, SelectedPermissionOutcome,
-    SessionNotification, SessionUpdate, StopReason, TextContent,
+    ClientCapabilities, ContentBlock, CreateElicitationRequest, CreateElicitationResponse,
+    ElicitationAcceptAction, ElicitationAction, ElicitationCapabilities, ElicitationContentValue,
+    ElicitationFormCapabilities, InitializeRequest, NewSessionRequest, PromptRequest,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, TextContent,
 };
 use agent_client_protocol::{AcpAgent, Agent, Client};
 use capwire::manifest::verb;
@@ -37,6 +41,10 @@ verb! {
     struct Pick: task "app.ops" / "pick", Bootstrap, Ask => String;
 }
 verb! {
+    /// Asks a free question (no choices), answers with it.
+    struct Name: task "app.ops" / "name", Bootstrap, Ask => String;
+}
+verb! {
     /// Deploys: for the controller only.
     struct Deploy: task "app.ops" / "deploy", Controller, Ask => String;
 }
@@ -46,6 +54,12 @@ async fn pick(args: Ask, task: Task) -> Result<String, HandlerError> {
     let question = json!({"question": "which colour?", "choices": ["blue", "green"]});
     let answer: String = task.ask(&question, Duration::from_secs(60)).await?;
     Ok(format!("{}: {answer}", args.text))
+}
+
+async fn name(args: Ask, task: Task) -> Result<String, HandlerError> {
+    let question = json!({"field": "name", "why": args.text});
+    let answer: serde_json::Value = task.ask(&question, Duration::from_secs(60)).await?;
+    Ok(format!("named {answer}"))
 }
 
 async fn deploy(args: Ask, _task: Task) -> Result<String, HandlerError> {
@@ -61,6 +75,7 @@ async fn bound_node(cp: &Path) -> Node {
             Capability::new("app.ops", "1.0.0")
                 .unwrap()
                 .task(Pick, pick)
+                .task(Name, name)
                 .task(Deploy, deploy),
         )
         .start()
@@ -79,15 +94,23 @@ async fn bound_node(cp: &Path) -> Node {
 struct Seen {
     updates: Vec<SessionUpdate>,
     asked: Vec<RequestPermissionRequest>,
+    forms: Vec<CreateElicitationRequest>,
 }
 
 /// Runs one prompt through `capwire acp ARGS` with the crate's client,
-/// choosing the permission option named `choose`.
-async fn prompt_once(args: Vec<String>, text: &str, choose: &str) -> (StopReason, Seen) {
+/// choosing the permission option named `choose`; with `forms`, the
+/// client offers forms and fills each with `choose`.
+async fn prompt_once(
+    args: Vec<String>,
+    text: &str,
+    choose: &str,
+    forms: bool,
+) -> (StopReason, Seen) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let config = json!({ "command": BIN, "args": args, "env": {"NO_COLOR": "1"} });
     let agent: AcpAgent = config.to_string().parse().unwrap();
-    let (on_update, on_ask) = (Arc::clone(&seen), Arc::clone(&seen));
+    let (on_update, on_ask, on_form) = (Arc::clone(&seen), Arc::clone(&seen), Arc::clone(&seen));
+    let fill = choose.to_owned();
     let choose = choose.to_owned();
     let text = text.to_owned();
     let stop = Client
@@ -117,9 +140,33 @@ async fn prompt_once(args: Vec<String>, text: &str, choose: &str) -> (StopReason
             },
             agent_client_protocol::on_receive_request!(),
         )
+        .on_receive_request(
+            async move |request: CreateElicitationRequest, responder, _cx| {
+                on_form.lock().unwrap().forms.push(request);
+                let content = [(
+                    "answer".to_owned(),
+                    ElicitationContentValue::String(fill.clone()),
+                )];
+                let accept = ElicitationAcceptAction::new().content(
+                    content
+                        .into_iter()
+                        .collect::<std::collections::BTreeMap<_, _>>(),
+                );
+                responder.respond(CreateElicitationResponse::new(ElicitationAction::Accept(
+                    accept,
+                )))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
         .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
+            let mut caps = ClientCapabilities::new();
+            if forms {
+                caps = caps.elicitation(
+                    ElicitationCapabilities::new().form(ElicitationFormCapabilities::new()),
+                );
+            }
             let init = cx
-                .send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .send_request(InitializeRequest::new(ProtocolVersion::V1).client_capabilities(caps))
                 .block_task()
                 .await?;
             assert!(init.agent_capabilities.load_session);
@@ -158,7 +205,8 @@ fn said(seen: &Seen) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_crate_s_client_runs_a_turn_with_a_choice_and_a_controller_verb_needs_the_flag() {
+async fn the_crate_s_client_runs_turns_with_a_choice_a_form_and_a_controller_verb_behind_its_flag()
+{
     let tmp = tempdir();
     let cp = tmp.path().join("ctl");
     let node = bound_node(&cp).await;
@@ -171,7 +219,7 @@ async fn the_crate_s_client_runs_a_turn_with_a_choice_and_a_controller_verb_need
     };
 
     // A choice question, as a permission request with the choices.
-    let (stop, seen) = prompt_once(acp("app.ops/pick", &[]), "paint", "green").await;
+    let (stop, seen) = prompt_once(acp("app.ops/pick", &[]), "paint", "green", false).await;
     assert_eq!(stop, StopReason::EndTurn);
     assert_eq!(said(&seen), vec!["paint: green".to_owned()]);
     let [asked] = seen.asked.as_slice() else {
@@ -198,9 +246,35 @@ async fn the_crate_s_client_runs_a_turn_with_a_choice_and_a_controller_verb_need
     assert!(message.contains("controller verb"), "{message}");
 
     // With it, the bound control plane deploys.
-    let (stop, seen) =
-        prompt_once(acp("app.ops/deploy", &["--allow-controller"]), "v2", "none").await;
+    let (stop, seen) = prompt_once(
+        acp("app.ops/deploy", &["--allow-controller"]),
+        "v2",
+        "none",
+        false,
+    )
+    .await;
     assert_eq!(stop, StopReason::EndTurn);
     assert_eq!(said(&seen), vec!["deployed v2".to_owned()]);
+
+    // A question that is no choice: a form for a client that offers
+    // forms (its text sent as JSON when it is JSON)...
+    let (stop, seen) = prompt_once(acp("app.ops/name", &[]), "ship", "\"Ada\"", true).await;
+    assert_eq!(stop, StopReason::EndTurn);
+    assert_eq!(said(&seen), vec!["named \"Ada\"".to_owned()]);
+    let [form] = seen.forms.as_slice() else {
+        panic!("{} forms", seen.forms.len());
+    };
+    assert!(
+        form.message.contains("\"field\":\"name\""),
+        "{}",
+        form.message
+    );
+    assert!(seen.asked.is_empty());
+    // ...and for one that does not, the turn ends and says how to answer.
+    let (stop, seen) = prompt_once(acp("app.ops/name", &[]), "ship", "x", false).await;
+    assert_eq!(stop, StopReason::EndTurn);
+    assert!(seen.forms.is_empty() && seen.asked.is_empty());
+    let told = said(&seen).join("");
+    assert!(told.contains("capwire ctl tasks ops respond"), "{told}");
     node.shutdown().await;
 }

@@ -1157,6 +1157,8 @@ async fn delegate(seed: u64, shared: Arc<Shared>, record: Arc<Mutex<Record>>) ->
     };
     let mut n = 0u64;
     let mut presented = 0usize;
+    // When the newest token was last presented again after a refusal.
+    let mut again_at: Option<Tick> = None;
     let mut peer: Option<Peer> = None;
     loop {
         let (stop, newest) = {
@@ -1204,8 +1206,14 @@ async fn delegate(seed: u64, shared: Arc<Shared>, record: Arc<Mutex<Record>>) ->
         match controller_call(&p, "delegate", n, &record).await {
             Called::Lost => peer = None,
             // Refused (expired, revoked): the newest token is presented
-            // again, as a client that does not read the refusal would.
-            Called::Refused => presented = 0,
+            // again, as a client that does not read the refusal would (at
+            // most every 250 ms: a presentation is a token verified).
+            Called::Refused => {
+                if again_at.is_none_or(|at| now_ms() >= at + 250) {
+                    again_at = Some(now_ms());
+                    presented = 0;
+                }
+            }
             Called::Ok => {}
         }
         tokio::time::sleep(Duration::from_millis(30)).await;
