@@ -108,8 +108,14 @@ fn to_cbor(json: &Json, depth: usize) -> Result<Cbor, JsonMapError> {
                 return Ok(special);
             }
             let depth = deeper(depth)?;
+            // In key order, whatever order the map keeps (serde_json's
+            // `preserve_order`, which another crate may turn on, keeps
+            // the text's).
+            let mut entries: Vec<(&String, &Json)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
             Cbor::Map(
-                map.iter()
+                entries
+                    .into_iter()
                     .map(|(k, v)| Ok((Cbor::Text(k.clone()), to_cbor(v, depth)?)))
                     .collect::<Result<_, JsonMapError>>()?,
             )
@@ -252,11 +258,18 @@ fn to_json(value: &Cbor, depth: usize) -> Result<Json, JsonMapError> {
             let looks_special = pairs.len() == 1
                 && matches!(&pairs[0].0, Cbor::Text(k) if SPECIAL_KEYS.contains(&k.as_str()));
             if all_text && !looks_special {
+                // Keys in order, whatever order the map keeps (see above).
+                let mut texts: Vec<(&String, &Cbor)> = pairs
+                    .iter()
+                    .filter_map(|(k, v)| match k {
+                        Cbor::Text(k) => Some((k, v)),
+                        _ => None,
+                    })
+                    .collect();
+                texts.sort_by(|a, b| a.0.cmp(b.0));
                 let mut map = Map::new();
-                for (k, v) in pairs {
-                    if let Cbor::Text(k) = k {
-                        map.insert(k.clone(), to_json(v, depth)?);
-                    }
+                for (k, v) in texts {
+                    map.insert(k.clone(), to_json(v, depth)?);
                 }
                 Json::Object(map)
             } else {
@@ -311,6 +324,27 @@ mod tests {
             let json: Json = serde_json::from_str(text).expect("parses");
             assert_eq!(round_trip(text), json);
         }
+    }
+
+    /// Keys come out in order both ways, whatever order the map keeps
+    /// and the text or the CBOR had.
+    #[test]
+    fn object_keys_are_in_order_both_ways() {
+        let json: Json = serde_json::from_str(r#"{"step": 1, "of": 3}"#).expect("parses");
+        let cbor = to_cbor(&json, 0).expect("maps to CBOR");
+        let Cbor::Map(pairs) = &cbor else {
+            panic!("{cbor:?}");
+        };
+        assert_eq!(pairs[0].0, Cbor::Text("of".into()));
+        let back = to_json(
+            &Cbor::Map(vec![
+                (Cbor::Text("step".into()), Cbor::Integer(1.into())),
+                (Cbor::Text("of".into()), Cbor::Integer(3.into())),
+            ]),
+            0,
+        )
+        .expect("maps back");
+        assert_eq!(back.to_string(), r#"{"of":3,"step":1}"#);
     }
 
     #[test]

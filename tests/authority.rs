@@ -254,6 +254,37 @@ async fn a_stream_a_grant_opened_ends_when_the_grant_expires() {
     b.node.shutdown().await;
 }
 
+/// The node's wall clock, moved by the test: the system's plus an offset.
+#[derive(Debug, Default)]
+struct Stepped(std::sync::atomic::AtomicU64);
+
+impl capwire::clock::WallClock for Stepped {
+    fn now(&self) -> std::time::SystemTime {
+        std::time::SystemTime::now() + Duration::from_secs(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// A clock stepped past the grant's expiry ends the stream it opened
+/// within a second or two, not at the date the grant named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_a_grant_opened_ends_when_the_clock_is_stepped_past_its_expiry() {
+    let f = Arc::new(Fed::default());
+    let clock = Arc::new(Stepped::default());
+    let b = bind_new(node(&f).wall_clock(clock.clone())).await;
+    let (_worker, from_worker, _token) = holder(&b, Duration::from_secs(600)).await;
+    let mut s = from_worker.stream(Ticks, ()).await.unwrap();
+    running(&mut s).await;
+    clock.0.store(3600, Ordering::SeqCst);
+    // Asked again within a second: what came meanwhile (an item every
+    // 5 ms or more) besides what was buffered, then the end, well before
+    // the ten minutes the grant named.
+    let buffered = s.buffered();
+    let body = ends_unauthorized(&mut s, buffered + 400).await;
+    assert!(body.message.contains("expired"), "{}", body.message);
+    stopped(&f).await;
+    b.node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_planes_subscription_ends_at_the_unbind_even_on_an_idle_task() {
     let (b, _f) = bound().await;
