@@ -21,7 +21,7 @@ from acp.schema import (
     RequestPermissionResponse,
 )
 
-from conftest import Cluster, child_env
+from conftest import Cluster, child_env, wait_for
 
 #: Bounds every wait on the agent.
 WAIT = 30.0
@@ -175,6 +175,35 @@ async def test_a_session_is_loaded_again_by_a_new_agent(cluster: Cluster) -> Non
         with pytest.raises(RequestError) as missing:
             await conn.load_session(cwd="/tmp", session_id="capwire-nope", mcp_servers=[])
         assert missing.value.code == -32002
+
+
+async def test_a_load_follows_on_a_task_still_running(cluster: Cluster) -> None:
+    first = Editor()
+    args = json.dumps({"steps": 40, "step_ms": 100})
+    async with spawn(cluster, first, "--args", args) as (conn, _proc):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        sid = (await conn.new_session(cwd="/tmp", mcp_servers=[])).session_id
+        turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block("long")]))
+        await asyncio.wait_for(first.progressed.wait(), WAIT)
+        # The editor goes away mid-turn; the task goes on at the node.
+        turn.cancel()
+    again = Editor()
+    async with spawn(cluster, again) as (conn, _proc):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        await asyncio.wait_for(conn.load_session(cwd="/tmp", session_id=sid, mcp_servers=[]), WAIT)
+        # Answered once replayed up to where the task is: it has not ended.
+        assert again.said() == [], again.said()
+        assert again.kinds()[0] == "tool_call"
+
+        async def ended() -> bool:
+            return again.said() == ["alpha: long: done in 40 steps"]
+
+        await wait_for(ended, WAIT, "the rest of the task's updates after the load")
+        steps = [
+            u for _, u in again.updates
+            if u.session_update == "tool_call_update" and u.status == "in_progress"
+        ]
+        assert len(steps) == 40, len(steps)
 
 
 class Raw:
