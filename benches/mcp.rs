@@ -16,7 +16,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use capwire::envelope::RawValue;
@@ -25,46 +25,10 @@ use serde_json::{Value as Json, json};
 
 const PAYLOAD: usize = 64;
 
-fn capwire() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_capwire"));
-    cmd.env("RUST_LOG", "warn").env_remove("CAPWIRE_CTL_STATE");
-    cmd
-}
+#[path = "support/faces.rs"]
+mod faces;
 
-/// `capwire node` and what it printed at start.
-fn start_node(state: &Path) -> (Child, Json) {
-    let mut child = capwire()
-        .args(["node", "--json", "--name", "bench", "--state"])
-        .arg(state)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    // The rest of its output is not read: it is let go to a thread.
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    (child, serde_json::from_str(&line).unwrap())
-}
-
-fn ctl(state: &Path, args: &[&str]) -> std::process::Output {
-    let out = capwire()
-        .arg("ctl")
-        .arg("--state")
-        .arg(state)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use faces::{capwire, ctl, median, start_node, us};
 
 /// `capwire mcp` on stdio, spoken to one line at a time.
 struct Mcp {
@@ -132,15 +96,6 @@ impl Mcp {
         drop(self.stdin);
         let _ = self.child.wait();
     }
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 fn main() {
