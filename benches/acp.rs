@@ -14,83 +14,33 @@
 //! Run with `cargo bench --bench acp` (`-- --quick` for fewer turns).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use capwire::envelope::RawValue;
 use capwire::{Addr, Node, NodeId};
-use serde_json::{Value as Json, json};
+use serde_json::json;
 
 const PAYLOAD: usize = 64;
 
 #[path = "support/faces.rs"]
 mod faces;
 
-use faces::{capwire, ctl, median, start_node, us};
+use faces::{Face, ctl, median, start_node, us};
 
-/// `capwire acp` on stdio, spoken to one line at a time.
-struct Acp {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    next_id: u64,
-}
-
-impl Acp {
-    fn start(state: &Path, args: &str) -> Acp {
-        let mut child = capwire()
-            .arg("acp")
-            .arg("--state")
-            .arg(state)
-            .args(["--verb", "app.agent/work", "--args", args])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut acp = Acp {
-            child,
-            stdin,
-            stdout,
-            next_id: 0,
-        };
-        acp.call("initialize", json!({"protocolVersion": 1}));
-        acp
-    }
-
-    /// A request and its result; the updates before it are counted.
-    fn call(&mut self, method: &str, params: Json) -> (Json, usize) {
-        self.next_id += 1;
-        let id = self.next_id;
-        let mut line =
-            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string();
-        line.push('\n');
-        self.stdin.write_all(line.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-        let mut updates = 0;
-        loop {
-            let mut line = String::new();
-            assert!(
-                self.stdout.read_line(&mut line).unwrap() > 0,
-                "capwire acp ended"
-            );
-            let message: Json = serde_json::from_str(&line).unwrap();
-            if message["id"] == id && message.get("method").is_none() {
-                assert!(message.get("error").is_none(), "{method}: {message}");
-                return (message["result"].clone(), updates);
-            }
-            updates += 1;
-        }
-    }
-
-    fn stop(mut self) {
-        drop(self.stdin);
-        let _ = self.child.wait();
-    }
+/// `capwire acp` on stdio over `app.agent/work` with `args`, initialized.
+fn start_acp(state: &Path, args: &str) -> Face {
+    let mut acp = Face::start(&[
+        "acp".as_ref(),
+        "--state".as_ref(),
+        state.as_os_str(),
+        "--verb".as_ref(),
+        "app.agent/work".as_ref(),
+        "--args".as_ref(),
+        args.as_ref(),
+    ]);
+    acp.call("initialize", json!({"protocolVersion": 1}));
+    acp
 }
 
 fn main() {
@@ -161,7 +111,7 @@ fn main() {
     }
 
     // Through `capwire acp`, which now owns the state.
-    let mut acp = Acp::start(&state, &shape.to_string());
+    let mut acp = start_acp(&state, &shape.to_string());
     let (session, _) = acp.call("session/new", json!({"cwd": "/", "mcpServers": []}));
     let session = session["sessionId"].as_str().unwrap().to_owned();
     let mut through = Vec::with_capacity(turns);

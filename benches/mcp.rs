@@ -14,88 +14,30 @@
 //! Run with `cargo bench --bench mcp` (`-- --quick` for fewer calls).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use capwire::envelope::RawValue;
 use capwire::{Addr, Node, NodeId};
-use serde_json::{Value as Json, json};
+use serde_json::json;
 
 const PAYLOAD: usize = 64;
 
 #[path = "support/faces.rs"]
 mod faces;
 
-use faces::{capwire, ctl, median, start_node, us};
+use faces::{Face, ctl, median, start_node, us};
 
-/// `capwire mcp` on stdio, spoken to one line at a time.
-struct Mcp {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    next_id: u64,
-}
-
-impl Mcp {
-    fn start(state: &Path) -> Mcp {
-        let mut child = capwire()
-            .arg("mcp")
-            .arg("--state")
-            .arg(state)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut mcp = Mcp {
-            child,
-            stdin,
-            stdout,
-            next_id: 0,
-        };
-        mcp.call(
-            "initialize",
-            json!({"protocolVersion": "2025-06-18", "capabilities": {},
-                   "clientInfo": {"name": "bench", "version": "0"}}),
-        );
-        mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        mcp
-    }
-
-    fn send(&mut self, message: &Json) {
-        let mut line = message.to_string();
-        line.push('\n');
-        self.stdin.write_all(line.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    /// A request and its result.
-    fn call(&mut self, method: &str, params: Json) -> Json {
-        self.next_id += 1;
-        let id = self.next_id;
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        loop {
-            let mut line = String::new();
-            assert!(
-                self.stdout.read_line(&mut line).unwrap() > 0,
-                "capwire mcp ended"
-            );
-            let message: Json = serde_json::from_str(&line).unwrap();
-            if message["id"] == id {
-                assert!(message.get("error").is_none(), "{method}: {message}");
-                return message["result"].clone();
-            }
-        }
-    }
-
-    fn stop(mut self) {
-        drop(self.stdin);
-        let _ = self.child.wait();
-    }
+/// `capwire mcp` on stdio, initialized.
+fn start_mcp(state: &Path) -> Face {
+    let mut mcp = Face::start(&["mcp".as_ref(), "--state".as_ref(), state.as_os_str()]);
+    mcp.call(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "bench", "version": "0"}}),
+    );
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    mcp
 }
 
 fn main() {
@@ -152,8 +94,8 @@ fn main() {
     }
 
     // Through `capwire mcp`, which now owns the state.
-    let mut mcp = Mcp::start(&state);
-    let tools = mcp.call("tools/list", json!({}));
+    let mut mcp = start_mcp(&state);
+    let (tools, _) = mcp.call("tools/list", json!({}));
     assert!(
         tools["tools"]
             .as_array()
@@ -165,7 +107,7 @@ fn main() {
     let mut through = Vec::with_capacity(calls);
     for _ in 0..calls {
         let start = Instant::now();
-        let result = mcp.call(
+        let (result, _) = mcp.call(
             "tools/call",
             json!({"name": "bench__agent__echo", "arguments": {"value": text}}),
         );

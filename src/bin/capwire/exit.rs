@@ -43,6 +43,19 @@ pub(crate) struct Failure {
     pub(crate) reason: Option<String>,
 }
 
+/// The capwire error code a failure without one stands for.
+pub(crate) fn reason_of(code: u8) -> &'static str {
+    match code {
+        USAGE => "bad_input",
+        DENIED => "unauthorized",
+        TIMEOUT => "timeout",
+        UNREACHABLE => "unreachable",
+        CANCELED => "canceled",
+        ANSWER_NEEDED => "input_required",
+        _ => "failed",
+    }
+}
+
 pub(crate) const LOCAL: u8 = 1;
 pub(crate) const USAGE: u8 = 2;
 pub(crate) const DENIED: u8 = 3;

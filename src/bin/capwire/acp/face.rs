@@ -38,8 +38,9 @@ use tokio_util::sync::CancellationToken;
 use super::book::{Book, Entry};
 use super::rpc::{Out, RpcError, code};
 use super::table::{Gate, Handler};
-use crate::ctl::{Backend, CtlCommand, TasksOp};
+use crate::ctl::{AbortOnDrop, Backend, CtlCommand, TasksOp};
 use crate::exit::{self, Failure};
+use crate::mcp::clip;
 
 /// The longest prompt, as the text given to the task (the node's bound
 /// on a task's args is 64 KiB by default).
@@ -131,19 +132,6 @@ fn session_id() -> String {
     format!("capwire-{}", base16ct::lower::encode_string(&bytes))
 }
 
-/// `text` cut to `max` bytes on a character boundary.
-fn clip(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push('…');
-    }
-    text
-}
-
 /// A JSON value as text: a string as it is, anything else as JSON.
 fn text_of(value: &Json) -> String {
     match value {
@@ -181,26 +169,11 @@ fn prompt_text(blocks: &[ContentBlock]) -> Result<String, RpcError> {
 
 /// A failure of a ctl command as an error answer, with capwire's code.
 fn failed(what: &str, f: &Failure) -> RpcError {
-    let reason = f.reason.clone().unwrap_or_else(|| {
-        match f.code {
-            exit::DENIED => "unauthorized",
-            exit::TIMEOUT => "timeout",
-            exit::UNREACHABLE => "unreachable",
-            exit::USAGE => "bad_input",
-            _ => "failed",
-        }
-        .to_owned()
-    });
+    let reason = f
+        .reason
+        .clone()
+        .unwrap_or_else(|| exit::reason_of(f.code).to_owned());
     RpcError::new(code::BUSY, format!("{what}: {}", f.message)).with_data(json!({ "code": reason }))
-}
-
-/// Aborts a command's task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<Result<(), Failure>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// How following a task ended.

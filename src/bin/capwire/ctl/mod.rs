@@ -656,6 +656,16 @@ pub(crate) enum Backend {
     Remote(PathBuf),
 }
 
+/// A started command's task, aborted when this is dropped (the call
+/// that waited on it was cancelled).
+pub(crate) struct AbortOnDrop(pub(crate) JoinHandle<Result<(), Failure>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl Backend {
     /// Starts `command`; its records come on the receiver, its outcome
     /// from the handle.

@@ -30,6 +30,7 @@ use crate::exit::{EXIT_CODES, Failure};
 pub(crate) use self::catalog::Kind;
 pub(crate) use self::refresh::{Scope, run_one, served};
 use self::server::Face;
+pub(crate) use self::server::clip;
 
 const AFTER_HELP: &str = "\
 Tools: one per app.* verb of each node in the control plane's book, named

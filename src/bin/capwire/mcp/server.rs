@@ -37,7 +37,7 @@ use serde_json::{Map, Value as Json, json};
 use tokio::sync::{Semaphore, watch};
 
 use super::catalog::{Catalog, Kind, ToolDef};
-use crate::ctl::{Backend, CtlCommand};
+use crate::ctl::{AbortOnDrop, Backend, CtlCommand};
 use crate::exit::{self, Failure};
 
 /// Tool calls running at once; one more is refused `overloaded`.
@@ -173,7 +173,7 @@ impl Face {
                     .error_code
                     .clone()
                     .or_else(|| failure.reason.clone())
-                    .unwrap_or_else(|| reason_of_exit(failure.code).to_owned());
+                    .unwrap_or_else(|| exit::reason_of(failure.code).to_owned());
                 let mut result = tool_error(&code, &failure.message);
                 if let (Some(task), Some(Json::Object(body))) =
                     (&outcome.task, result.structured_content.as_mut())
@@ -191,15 +191,6 @@ impl Face {
 fn traceparent_of(meta: &rmcp::model::RequestMetaObject) -> Option<(String, Option<String>)> {
     let parent = meta.get_traceparent()?.to_owned();
     Some((parent, meta.get_tracestate().map(str::to_owned)))
-}
-
-/// Ends the command's task when the call is dropped (cancelled).
-struct AbortOnDrop(tokio::task::JoinHandle<Result<(), Failure>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Progress notifications of one call.
@@ -250,7 +241,7 @@ impl Outcome {
                     self.truncated = true;
                 }
                 if let Some(progress) = progress {
-                    progress.report(clip(text)).await;
+                    progress.report(clip(text, MAX_MESSAGE)).await;
                 }
             }
             Some("error") => {
@@ -285,7 +276,7 @@ impl Outcome {
                     } else {
                         format!("{state}: {event} {body}")
                     };
-                    progress.report(clip(text)).await;
+                    progress.report(clip(text, MAX_MESSAGE)).await;
                 }
             }
             _ => {}
@@ -308,10 +299,11 @@ impl Outcome {
     }
 }
 
-/// A message cut to [`MAX_MESSAGE`] bytes, on a character boundary.
-fn clip(mut text: String) -> String {
-    if text.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE;
+/// `text` cut to `max` bytes on a character boundary, an ellipsis after
+/// it when it was cut.
+pub(crate) fn clip(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
         while !text.is_char_boundary(end) {
             end -= 1;
         }
@@ -319,19 +311,6 @@ fn clip(mut text: String) -> String {
         text.push('…');
     }
     text
-}
-
-/// The capwire error code a failure without one stands for.
-fn reason_of_exit(code: u8) -> &'static str {
-    match code {
-        exit::USAGE => "bad_input",
-        exit::DENIED => "unauthorized",
-        exit::TIMEOUT => "timeout",
-        exit::UNREACHABLE => "unreachable",
-        exit::CANCELED => "canceled",
-        exit::ANSWER_NEEDED => "input_required",
-        _ => "failed",
-    }
 }
 
 /// A tool error with the capwire code in its structured content.
