@@ -2,7 +2,8 @@
 requirements.txt) starts `capwire acp` as its agent and runs prompt turns
 against `app.agent/work` of a real `capwire node`: streamed updates, a
 question answered through session/request_permission, a cancel in the
-middle, and a session loaded again by a new agent process. A raw client
+middle, and a session loaded again by a new agent process (its prompts
+and tasks replayed). A raw client
 then sends what no SDK would: unknown and un-negotiated methods, broken
 JSON, lines over the bound."""
 
@@ -62,6 +63,11 @@ class Editor:
     def said(self) -> list[str]:
         return [
             u.content.text for _, u in self.updates if u.session_update == "agent_message_chunk"
+        ]
+
+    def asked_texts(self) -> list[str]:
+        return [
+            u.content.text for _, u in self.updates if u.session_update == "user_message_chunk"
         ]
 
 
@@ -169,9 +175,20 @@ async def test_a_session_is_loaded_again_by_a_new_agent(cluster: Cluster) -> Non
         await asyncio.wait_for(conn.load_session(cwd="/tmp", session_id=sid, mcp_servers=[]), WAIT)
         await asyncio.sleep(0.2)
         assert again.said() == ["alpha: one: done in 2 steps", "alpha: two: done in 2 steps"]
-        # The same updates, in the same order: each task as a tool call,
-        # then its events.
-        assert again.kinds() == first.kinds()
+        # What the user asked comes back, each prompt just before its task.
+        assert again.asked_texts() == ["one", "two"]
+        kinds = again.kinds()
+        for at, kind in enumerate(kinds):
+            if kind == "user_message_chunk":
+                assert kinds[at + 1] == "tool_call", kinds
+        # Then the same updates, in the same order: each task as a tool
+        # call with the args it was given, then its events.
+        assert [k for k in kinds if k != "user_message_chunk"] == first.kinds()
+        calls = [u for _, u in again.updates if u.session_update == "tool_call"]
+        assert [c.raw_input for c in calls] == [
+            {"steps": 2, "step_ms": 20, "text": "one"},
+            {"steps": 2, "step_ms": 20, "text": "two"},
+        ]
         with pytest.raises(RequestError) as missing:
             await conn.load_session(cwd="/tmp", session_id="capwire-nope", mcp_servers=[])
         assert missing.value.code == -32002
@@ -193,7 +210,8 @@ async def test_a_load_follows_on_a_task_still_running(cluster: Cluster) -> None:
         await asyncio.wait_for(conn.load_session(cwd="/tmp", session_id=sid, mcp_servers=[]), WAIT)
         # Answered once replayed up to where the task is: it has not ended.
         assert again.said() == [], again.said()
-        assert again.kinds()[0] == "tool_call"
+        assert again.kinds()[:2] == ["user_message_chunk", "tool_call"]
+        assert again.asked_texts() == ["long"]
 
         async def ended() -> bool:
             return again.said() == ["alpha: long: done in 40 steps"]

@@ -15,7 +15,8 @@
 //!                   error            tool_call_update (failed), then
 //!                                    agent_message_chunk; end_turn
 //! session/cancel  core.tasks/cancel; the prompt answers cancelled
-//! session/load    each task of the session replayed from its first
+//! session/load    each prompt of the session replayed as a
+//!                 user_message_chunk, then its task from its first
 //!                 event; one still running is followed on
 //! ```
 
@@ -35,7 +36,7 @@ use agent_client_protocol::v1::schema::{
 use serde_json::{Map, Value as Json, json};
 use tokio_util::sync::CancellationToken;
 
-use super::book::{Book, Entry};
+use super::book::{Book, Entry, Prompt};
 use super::rpc::{Out, RpcError, code};
 use super::table::{Gate, Handler};
 use crate::ctl::{AbortOnDrop, Backend, CtlCommand, TasksOp};
@@ -374,6 +375,14 @@ impl Face {
             s.tasks.push(task.clone());
         }
         self.keep(id);
+        let asked = Prompt {
+            task: task.clone(),
+            text_field: self.shape.text_field.clone(),
+            args: args.clone(),
+        };
+        if let Err(e) = self.book.put_prompt(id, asked) {
+            tracing::warn!("the prompt of task {task} is not kept for session/load: {e}");
+        }
         self.announce(id, &task, Some(args)).await;
         Ok(match self.follow(id, &task, token, None).await {
             Followed::Stop(stop) => stop,
@@ -445,6 +454,18 @@ impl Face {
         let chunk = ContentChunk::new(ContentBlock::from(text));
         self.update(id, SessionUpdate::AgentMessageChunk(chunk))
             .await;
+    }
+
+    /// Replays what the user asked for `task` (when it was kept), then
+    /// the task as a tool call with its args.
+    async fn replay_prompt(&self, id: &str, task: &str, prompts: &[Prompt]) {
+        let asked = prompts.iter().find(|p| p.task == task);
+        if let Some(text) = asked.and_then(Prompt::text) {
+            let chunk = ContentChunk::new(ContentBlock::from(text.to_owned()));
+            self.update(id, SessionUpdate::UserMessageChunk(chunk))
+                .await;
+        }
+        self.announce(id, task, asked.map(|p| p.args.clone())).await;
     }
 
     /// Follows `task` from its first event until it ends, the turn is
@@ -745,13 +766,14 @@ impl Face {
             self.stop(&id);
             return encode(&LoadSessionResponse::new());
         };
+        let prompts = self.book.prompts(&id);
         // Ended tasks: replayed whole.
         for task in before {
             let done = CancellationToken::new();
-            self.announce(&id, task, None).await;
+            self.replay_prompt(&id, task, &prompts).await;
             let _ = self.follow(&id, task, &done, None).await;
         }
-        self.announce(&id, last, None).await;
+        self.replay_prompt(&id, last, &prompts).await;
         // The last: replayed up to where it is now, then followed on
         // while the load is answered.
         let seq = match self.info(last).await {
