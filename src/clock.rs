@@ -6,8 +6,9 @@
 //! read. A clock set back (by hand, or by a time service correcting it)
 //! then cannot make an expired token valid again, nor bring back a token
 //! whose revocation was forgotten because it had expired. The floor is
-//! kept in the node's store with its revocations, so a restart keeps it
-//! as of the last revocation written.
+//! kept in the node's store: written with each revocation, and at most
+//! every second while the clock is read (and when the node stops), so a
+//! restart keeps it, give or take that second.
 //!
 //! The source is [`SystemClock`] unless the node is built with another
 //! ([`NodeBuilder::wall_clock`](crate::NodeBuilder::wall_clock)): a test
@@ -107,6 +108,12 @@ impl Clock {
     /// The date now in milliseconds since the Unix epoch.
     pub(crate) fn now_ms(&self) -> u64 {
         micros(self.now()) / 1000
+    }
+
+    /// The latest date given, in milliseconds since the Unix epoch (0
+    /// before the first): what the store keeps as the floor.
+    pub(crate) fn given_ms(&self) -> u64 {
+        self.floor_us.load(Ordering::SeqCst) / 1000
     }
 
     /// Never earlier than `ms` (milliseconds since the Unix epoch) from

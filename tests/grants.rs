@@ -654,3 +654,59 @@ async fn a_clock_set_back_does_not_bring_an_expired_token_back() {
     t.from_worker.present(&long).await.unwrap();
     t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
 }
+
+/// The clock's floor outlives a restart with no revocation written: a
+/// token the node refused as expired stays refused when the node starts
+/// again on its store with the clock set back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_the_clock_set_back_keeps_an_expired_token_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let keypair = capwire::Keypair::generate().unwrap();
+    let clock = Arc::new(Moved::default());
+    let builder = || {
+        listening("agent-1")
+            .state_dir(dir.path().join("node"))
+            .keypair(keypair.clone())
+            .wall_clock(clock.clone())
+    };
+    let t = three(builder()).await;
+    let token = grant(
+        &t,
+        vec![Right::verb("core.configuration", "get_config")],
+        Duration::from_secs(60),
+    )
+    .await;
+    t.from_worker.present(&token).await.unwrap();
+    t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
+    clock.0.store(120, std::sync::atomic::Ordering::SeqCst);
+    let body = denied(t.from_worker.request(GetConfig, NoArgs {}).await);
+    assert!(body.message.contains("expired"), "{}", body.message);
+
+    let Three {
+        b,
+        worker,
+        from_worker,
+        helper,
+        from_helper,
+    } = t;
+    drop((from_worker, from_helper));
+    let Bound {
+        node: first,
+        cp,
+        peer,
+        ..
+    } = b;
+    drop(peer);
+    first.shutdown().await;
+    drop(first);
+    // Set back to the system's date, when the token had not expired yet.
+    clock.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    let node = builder().start().await.unwrap();
+    let addr = node.local_addrs()[0].clone();
+    let from_worker = worker.connect(&addr, Some(node.id())).await.unwrap();
+    let body = remote(from_worker.present(&token).await);
+    assert_eq!(reason(&body), "expired");
+    for n in [helper, worker, cp, node] {
+        n.shutdown().await;
+    }
+}

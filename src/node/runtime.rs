@@ -59,6 +59,9 @@ use crate::tasks::{TaskLimits, TaskService};
 
 /// How often the replay ledger is swept of expired entries.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How often the clock's floor is written, when the clock was read for
+/// an expiry since: at most one small write a second.
+const FLOOR_EVERY: Duration = Duration::from_secs(1);
 
 /// What [`build`] starts from (what the node builder collected).
 pub(crate) struct Parts {
@@ -205,9 +208,15 @@ pub(crate) fn build(p: Parts, opened: Opened) -> Result<Runtime, NodeError> {
             .as_ref()
             .map(|b| (b.epoch, b.grant_key.as_deref())),
         loaded.revocations.take(),
-        Arc::new(match p.wall_clock {
-            Some(c) => Clock::new(c),
-            None => Clock::default(),
+        Arc::new({
+            let clock = match p.wall_clock {
+                Some(c) => Clock::new(c),
+                None => Clock::default(),
+            };
+            if let Some(floor) = loaded.clock_floor_ms {
+                clock.raise_floor_ms(floor);
+            }
+            clock
         }),
     ));
     let limits = p.limits;
@@ -519,6 +528,37 @@ impl crate::tasks::Resumer for Resume {
     }
 }
 
+/// Writes the clock's floor (the latest date it gave for an expiry) at
+/// most every [`FLOOR_EVERY`] while it moves, and once more when the node
+/// stops: a restart with the clock set back then takes no date earlier
+/// than one the node judged a token by, give or take that second.
+async fn keep_clock_floor(core: Arc<CoreState>, stop: CancellationToken) {
+    let clock = core.grants.clock.clone();
+    let mut written = clock.given_ms();
+    let mut tick = tokio::time::interval(FLOOR_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stopping = tokio::select! {
+            () = stop.cancelled() => true,
+            _ = tick.tick() => false,
+        };
+        let given = clock.given_ms();
+        if given > written {
+            let batch = Batch {
+                clock_floor_ms: Some(given),
+                ..Batch::default()
+            };
+            match core.commit(batch).await {
+                Ok(()) => written = given,
+                Err(e) => tracing::warn!(error = ?e, "the clock's floor was not written"),
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
 impl Runtime {
     /// Starts the node's own background tasks: pending-bind expiry,
     /// ledger sweeping, monitoring copies, roster pushes, the host's
@@ -575,6 +615,10 @@ impl Runtime {
         let control = self.control.clone();
         let stop = self.stop_background.clone();
         self.tracker.spawn(control.expire_pending(stop));
+        self.tracker.spawn(keep_clock_floor(
+            self.core.clone(),
+            self.stop_background.clone(),
+        ));
         let dispatcher = self.dispatcher.clone();
         let stop = self.stop_background.clone();
         self.tracker.spawn(async move {

@@ -49,6 +49,9 @@ pub(crate) fn apply(state: &mut Loaded, batch: &Batch) {
     if let Some(r) = &batch.revocations {
         state.revocations = Some(r.clone());
     }
+    if let Some(f) = batch.clock_floor_ms {
+        state.clock_floor_ms = Some(f);
+    }
     for id in &batch.del_contacts {
         state.contacts.retain(|c| &c.id != id);
     }

@@ -41,6 +41,10 @@ pub(crate) struct Loaded {
     pub(crate) tasks: Vec<TaskRecord>,
     /// The revocations of grants.
     pub(crate) revocations: Option<RevocationsRecord>,
+    /// The latest date (ms since the Unix epoch) the node's clock gave
+    /// for what expires by date, as last written: its clock never reads
+    /// earlier after a restart.
+    pub(crate) clock_floor_ms: Option<u64>,
 }
 
 /// One atomic change to the store. Puts replace the record with the same
@@ -68,6 +72,8 @@ pub(crate) struct Batch {
     pub(crate) fold_task_events: Vec<(Vec<u8>, u64, u64)>,
     /// The revocations, replaced whole.
     pub(crate) revocations: Option<RevocationsRecord>,
+    /// The clock's floor, replaced (its one writer only raises it).
+    pub(crate) clock_floor_ms: Option<u64>,
 }
 
 impl Batch {

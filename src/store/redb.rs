@@ -65,6 +65,7 @@ const KEY_BINDING: &str = "binding";
 const KEY_CONFIG: &str = "config";
 const KEY_REVOCATIONS: &str = "revocations";
 const KEY_ROSTER: &str = "roster";
+const KEY_CLOCK_FLOOR: &str = "clock_floor";
 
 /// redb caches at most this much of the file (its default is 1 GiB).
 const CACHE_BYTES: usize = 16 << 20;
@@ -285,6 +286,9 @@ impl RedbStore {
                 .map(|v| decode::<RosterMeta>(path, "roster", &v))
                 .transpose()?
                 .unwrap_or_default(),
+            clock_floor_ms: meta_record(KEY_CLOCK_FLOOR)?
+                .map(|v| decode::<u64>(path, "clock floor", &v))
+                .transpose()?,
             ..Loaded::default()
         };
 
@@ -352,6 +356,7 @@ impl Store for RedbStore {
         let config = batch.config.as_ref().map(encode).transpose()?;
         let revocations = batch.revocations.as_ref().map(encode).transpose()?;
         let roster = batch.roster.as_ref().map(encode).transpose()?;
+        let clock_floor = batch.clock_floor_ms.as_ref().map(encode).transpose()?;
         let contacts = batch
             .put_contacts
             .iter()
@@ -391,6 +396,7 @@ impl Store for RedbStore {
                 (KEY_CONFIG, &config),
                 (KEY_REVOCATIONS, &revocations),
                 (KEY_ROSTER, &roster),
+                (KEY_CLOCK_FLOOR, &clock_floor),
             ] {
                 if let Some(value) = value {
                     meta.insert(key, value.as_slice())?;

@@ -92,6 +92,7 @@ fn full_batch() -> Batch {
         }),
         put_members: vec![member("c2", "second"), member("c1", "first")],
         put_answers: vec![answer(5, "r2", 2), answer(5, "r1", 1), answer(4, "r9", 3)],
+        clock_floor_ms: Some(1_800_000_000_500),
         ..Batch::default()
     }
 }
@@ -215,6 +216,7 @@ fn every_record_kind_round_trips_and_survives_reopening() {
         members: vec![member("c1", "first"), member("c2", "second")],
         answers: vec![answer(4, "r9", 3), answer(5, "r1", 1), answer(5, "r2", 2)],
         tasks: Vec::new(),
+        clock_floor_ms: Some(1_800_000_000_500),
     };
     assert_eq!(store.load().expect("load"), expected);
 
