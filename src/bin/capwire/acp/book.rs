@@ -3,7 +3,9 @@
 //! after the face, or the editor, started again: each session's node,
 //! verb and the tasks its prompts submitted, in order. Bounded: the
 //! newest [`MAX_SESSIONS`] sessions, the newest [`MAX_TASKS`] tasks of
-//! each. Written whole to a temporary file and renamed over the old one.
+//! each. Written whole to a temporary file and renamed over the old one,
+//! under a lock (`acp-sessions.lock`) that faces on the same state
+//! directory take in turn, so that none loses another's session.
 //!
 //! What each prompt asked is kept beside it, one file per session
 //! (`acp-sessions/ID.json`: each task's args and the key its prompt's
@@ -12,6 +14,7 @@
 //! [`MAX_PROMPT_BYTES`] per session; a session's file goes with it.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -93,6 +96,8 @@ pub(crate) struct Book {
     path: PathBuf,
     /// The sessions' prompts files.
     prompts_dir: PathBuf,
+    /// Held while the book or a prompts file is read to be written.
+    lock_path: PathBuf,
 }
 
 fn now_ms() -> u64 {
@@ -106,7 +111,21 @@ impl Book {
         Book {
             path: dir.join("acp-sessions.json"),
             prompts_dir: dir.join("acp-sessions"),
+            lock_path: dir.join("acp-sessions.lock"),
         }
+    }
+
+    /// Waits for the book's lock (an advisory lock on its own file, let
+    /// go when the file is closed: at the latest when the process ends).
+    fn locked(&self) -> std::io::Result<std::fs::File> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&self.lock_path)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
+        Ok(file)
     }
 
     fn prompts_path(&self, id: &str) -> Option<PathBuf> {
@@ -130,6 +149,7 @@ impl Book {
         let Some(path) = self.prompts_path(id) else {
             return Ok(());
         };
+        let _locked = self.locked()?;
         let mut file = Prompts {
             prompts: self.prompts(id),
         };
@@ -150,7 +170,10 @@ impl Book {
             .count()
             .min(MAX_TASKS);
         file.prompts.drain(..file.prompts.len() - keep);
-        std::fs::create_dir_all(&self.prompts_dir)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.prompts_dir)?;
         write_whole(&path, &file)
     }
 
@@ -171,6 +194,7 @@ impl Book {
     /// Keeps `entry` as session `id` (read again first, so that another
     /// face's sessions stay), within the bounds.
     pub(crate) fn put(&self, id: &str, mut entry: Entry) -> std::io::Result<()> {
+        let _locked = self.locked()?;
         let mut file = self.read();
         if entry.tasks.len() > MAX_TASKS {
             entry.tasks.drain(..entry.tasks.len() - MAX_TASKS);
@@ -218,6 +242,33 @@ mod tests {
         assert_eq!(book.get("s"), None);
         book.put("t", Entry::default()).unwrap();
         assert!(book.get("t").is_some());
+    }
+
+    /// Faces on one state directory write the book at once: no session
+    /// is lost.
+    #[test]
+    fn faces_writing_at_once_lose_no_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let book = Book::in_dir(dir.path());
+                std::thread::spawn(move || {
+                    for i in 0..50 {
+                        book.put(&format!("capwire-{w}-{i}"), Entry::default())
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let book = Book::in_dir(dir.path());
+        for w in 0..4 {
+            for i in 0..50 {
+                assert!(book.get(&format!("capwire-{w}-{i}")).is_some(), "{w}-{i}");
+            }
+        }
     }
 
     fn prompt(task: usize, text: &str) -> Prompt {
