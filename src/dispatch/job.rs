@@ -191,6 +191,11 @@ pub(crate) fn start(
             }
             r = AssertUnwindSafe(future).catch_unwind() => match r {
                 Ok(Err(_)) if watch.is_cancelled() => Finished::cancelled(),
+                // Its items were refused because the caller is gone (the
+                // session ended before its cancel reached the token).
+                Ok(Err(e)) if serves_stream && e.body().code == ErrorCode::Cancelled => {
+                    Finished::cancelled()
+                }
                 Ok(Err(e)) => match held.as_ref().map(|a| a.check()) {
                     // Its items were refused for it.
                     Some(Err(why)) => Finished::unauthorized(&why),
