@@ -535,6 +535,8 @@ impl crate::tasks::Resumer for Resume {
 async fn keep_clock_floor(core: Arc<CoreState>, stop: CancellationToken) {
     let clock = core.grants.clock.clone();
     let mut written = clock.given_ms();
+    // A store that cannot be written is said once, not every second.
+    let mut failing = false;
     let mut tick = tokio::time::interval(FLOOR_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -549,8 +551,15 @@ async fn keep_clock_floor(core: Arc<CoreState>, stop: CancellationToken) {
                 ..Batch::default()
             };
             match core.commit(batch).await {
-                Ok(()) => written = given,
-                Err(e) => tracing::warn!(error = ?e, "the clock's floor was not written"),
+                Ok(()) => {
+                    written = given;
+                    failing = false;
+                }
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = ?e, "the clock's floor was not written");
+                }
+                Err(_) => {}
             }
         }
         if stopping {
