@@ -655,6 +655,80 @@ async fn a_clock_set_back_does_not_bring_an_expired_token_back() {
     t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
 }
 
+/// The clock's floor is written while the node runs, not only when it
+/// stops: a node that ends without shutting down (its runtime dropped,
+/// as a crash ends it, after the second the floor is written in) keeps an
+/// expired token refused when it starts again with the clock set back.
+#[test]
+fn a_node_that_ends_without_stopping_keeps_its_clock_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let keypair = capwire::Keypair::generate().unwrap();
+    let worker_keypair = capwire::Keypair::generate().unwrap();
+    let clock = Arc::new(Moved::default());
+    let builder = || {
+        listening("agent-1")
+            .state_dir(dir.path().join("node"))
+            .keypair(keypair.clone())
+            .wall_clock(clock.clone())
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let token = first.block_on(async {
+        let b = bind_new(builder()).await;
+        let addr = b.node.local_addrs()[0].clone();
+        let worker = Node::builder("worker")
+            .keypair(worker_keypair.clone())
+            .start()
+            .await
+            .unwrap();
+        let from_worker = worker.connect(&addr, Some(b.node.id())).await.unwrap();
+        let token =
+            b.cp.grant(
+                &b.peer,
+                worker.id(),
+                worker.grant_key(),
+                vec![Right::verb("core.configuration", "get_config")],
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        from_worker.present(&token).await.unwrap();
+        clock.0.store(120, std::sync::atomic::Ordering::SeqCst);
+        let body = denied(from_worker.request(GetConfig, NoArgs {}).await);
+        assert!(body.message.contains("expired"), "{}", body.message);
+        // The floor is written within a second or so; then the node ends
+        // with no shutdown (nothing is written when it goes).
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        drop((from_worker, worker, b));
+        token
+    });
+    drop(first);
+
+    clock.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    let second = runtime();
+    second.block_on(async {
+        let node = builder().start().await.unwrap();
+        let addr = node.local_addrs()[0].clone();
+        let worker = Node::builder("worker")
+            .keypair(worker_keypair.clone())
+            .start()
+            .await
+            .unwrap();
+        let from_worker = worker.connect(&addr, Some(node.id())).await.unwrap();
+        let body = remote(from_worker.present(&token).await);
+        assert_eq!(reason(&body), "expired");
+        for n in [worker, node] {
+            n.shutdown().await;
+        }
+    });
+}
+
 /// The clock's floor outlives a restart with no revocation written: a
 /// token the node refused as expired stays refused when the node starts
 /// again on its store with the clock set back.
