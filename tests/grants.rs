@@ -66,6 +66,25 @@ async fn three(builder: capwire::NodeBuilder) -> Three {
     }
 }
 
+impl Three {
+    /// Shuts the bound node down (its store closed, for a restart on it);
+    /// the worker, the helper and the control plane stay.
+    async fn stop_node(self) -> (Node, Node, Node) {
+        let Three {
+            b,
+            worker,
+            from_worker,
+            helper,
+            from_helper,
+        } = self;
+        drop((from_worker, from_helper));
+        let Bound { node, cp, peer, .. } = b;
+        drop(peer);
+        node.shutdown().await;
+        (worker, helper, cp)
+    }
+}
+
 async fn grant(t: &Three, rights: Vec<Right>, valid_for: Duration) -> String {
     t.b.cp
         .grant(
@@ -229,23 +248,7 @@ async fn a_revocation_takes_effect_at_once_for_every_copy_and_survives_a_restart
 
     // Restarted on the same store: still revoked; the binding and the
     // control plane's key came back with it.
-    let Three {
-        b,
-        worker,
-        from_worker,
-        helper,
-        from_helper,
-    } = t;
-    drop((from_worker, from_helper));
-    let Bound {
-        node: first,
-        cp,
-        peer,
-        ..
-    } = b;
-    drop(peer);
-    first.shutdown().await;
-    drop(first);
+    let (worker, helper, cp) = t.stop_node().await;
     let node = builder().start().await.unwrap();
     assert_eq!(node.controller(), Some(cp.id()));
     let addr = node.local_addrs()[0].clone();
@@ -756,23 +759,7 @@ async fn a_restart_with_the_clock_set_back_keeps_an_expired_token_refused() {
     let body = denied(t.from_worker.request(GetConfig, NoArgs {}).await);
     assert!(body.message.contains("expired"), "{}", body.message);
 
-    let Three {
-        b,
-        worker,
-        from_worker,
-        helper,
-        from_helper,
-    } = t;
-    drop((from_worker, from_helper));
-    let Bound {
-        node: first,
-        cp,
-        peer,
-        ..
-    } = b;
-    drop(peer);
-    first.shutdown().await;
-    drop(first);
+    let (worker, helper, cp) = t.stop_node().await;
     // Set back to the system's date, when the token had not expired yet.
     clock.0.store(0, std::sync::atomic::Ordering::SeqCst);
     let node = builder().start().await.unwrap();

@@ -3,9 +3,10 @@
 //! after the face, or the editor, started again: each session's node,
 //! verb and the tasks its prompts submitted, in order. Bounded: the
 //! newest [`MAX_SESSIONS`] sessions, the newest [`MAX_TASKS`] tasks of
-//! each. Written whole to a temporary file and renamed over the old one,
-//! under a lock (`acp-sessions.lock`) that faces on the same state
-//! directory take in turn, so that none loses another's session.
+//! each. Replaced whole and durably (a private file, synced and renamed
+//! over the old one), under a lock (`acp-sessions.lock`) that faces on
+//! the same state directory take in turn, so that none loses another's
+//! session.
 //!
 //! What each prompt asked is kept beside it, one file per session
 //! (`acp-sessions/ID.json`: each task's args and the key its prompt's
@@ -17,6 +18,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use capwire::files::{Replace, write_private};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
@@ -79,15 +81,16 @@ fn is_session_id(id: &str) -> bool {
     })
 }
 
-/// Writes `value` as JSON over `path`: to a temporary file in its
-/// directory, renamed over it.
+/// Writes `value` as JSON over `path`, replaced whole and durably (a
+/// private file: [`write_private`]).
 fn write_whole<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     let text = serde_json::to_vec(value).map_err(std::io::Error::other)?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    std::io::Write::write_all(&mut tmp, &text)?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| std::io::Error::other("a file name that is not text"))?;
+    write_private(dir, name, &text, Replace::Always)
 }
 
 /// Where the sessions are kept.
