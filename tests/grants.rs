@@ -611,6 +611,24 @@ impl capwire::clock::WallClock for Moved {
     }
 }
 
+/// A token for `get_config`, valid for 60 s, presented and used by the
+/// worker; then the node's clock is stepped past its expiry and a call
+/// under it is refused `expired`.
+async fn expired_token(t: &Three, clock: &Moved) -> String {
+    let token = grant(
+        t,
+        vec![Right::verb("core.configuration", "get_config")],
+        Duration::from_secs(60),
+    )
+    .await;
+    t.from_worker.present(&token).await.unwrap();
+    t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
+    clock.0.store(120, std::sync::atomic::Ordering::SeqCst);
+    let body = denied(t.from_worker.request(GetConfig, NoArgs {}).await);
+    assert!(body.message.contains("expired"), "{}", body.message);
+    token
+}
+
 /// Expiry is judged by the node's clock, read through a floor: stepped
 /// past a token's expiry, the node refuses it; set back again, it still
 /// does (its date never goes back to before one it read), for calls and
@@ -619,18 +637,7 @@ impl capwire::clock::WallClock for Moved {
 async fn a_clock_set_back_does_not_bring_an_expired_token_back() {
     let clock = Arc::new(Moved::default());
     let t = three(listening("agent-1").wall_clock(clock.clone())).await;
-    let token = grant(
-        &t,
-        vec![Right::verb("core.configuration", "get_config")],
-        Duration::from_secs(60),
-    )
-    .await;
-    t.from_worker.present(&token).await.unwrap();
-    t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
-
-    clock.0.store(120, std::sync::atomic::Ordering::SeqCst);
-    let body = denied(t.from_worker.request(GetConfig, NoArgs {}).await);
-    assert!(body.message.contains("expired"), "{}", body.message);
+    let token = expired_token(&t, &clock).await;
 
     clock.0.store(0, std::sync::atomic::Ordering::SeqCst);
     let body = denied(t.from_worker.request(GetConfig, NoArgs {}).await);
@@ -747,17 +754,7 @@ async fn a_restart_with_the_clock_set_back_keeps_an_expired_token_refused() {
             .wall_clock(clock.clone())
     };
     let t = three(builder()).await;
-    let token = grant(
-        &t,
-        vec![Right::verb("core.configuration", "get_config")],
-        Duration::from_secs(60),
-    )
-    .await;
-    t.from_worker.present(&token).await.unwrap();
-    t.from_worker.request(GetConfig, NoArgs {}).await.unwrap();
-    clock.0.store(120, std::sync::atomic::Ordering::SeqCst);
-    let body = denied(t.from_worker.request(GetConfig, NoArgs {}).await);
-    assert!(body.message.contains("expired"), "{}", body.message);
+    let token = expired_token(&t, &clock).await;
 
     let (worker, helper, cp) = t.stop_node().await;
     // Set back to the system's date, when the token had not expired yet.
